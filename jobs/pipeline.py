@@ -1,0 +1,158 @@
+"""A whole pipeline run: ingest -> rewards/transitions -> encode -> train -> register -> evaluate -> serve check.
+
+The same function runs on a laptop (local Ray, SQLite MLflow, local disk) and, submitted as
+a Ray job, on a cluster: only the configuration differs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from harnessrl import lineage, registry, settings, storage
+from harnessrl.config import PipelineConfig
+from harnessrl.ray_runtime import init_ray
+from harnessrl.rewards import load_recipe
+
+log = logging.getLogger(__name__)
+KEYS = ["episode_id", "step_idx"]
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, str]) -> dict[str, str]:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}" if prefix else k, v, out)
+    else:
+        out[prefix] = json.dumps(value) if isinstance(value, (list, tuple)) else str(value)
+    return out
+
+
+def _log_dataset(name: str, uri: str, digest: str, context: str) -> None:
+    import mlflow
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+
+    mlflow.log_input(MetaDataset(source=resolve_dataset_source(uri), name=name, digest=digest[:36]), context=context)
+
+
+def _serve_check(cfg: PipelineConfig, model_uri: str, rows: list[dict[str, Any]], critic) -> list[dict[str, Any]]:
+    """Start the service, score held-out states over HTTP, check the answers match in-process scoring."""
+    import httpx
+
+    from harnessrl.serving import app as serving
+
+    url = serving.start(model_uri, cfg.serve.host, cfg.serve.port, cfg.serve.max_batch_size, cfg.serve.batch_wait_timeout_s)
+    answers = []
+    try:
+        with httpx.Client(base_url=url, timeout=60) as http:
+            for row in rows:
+                resp = http.post("/v1/score", json={"agent_id": "quickstart", "state": row["state_text"],
+                                                    "candidates": row["candidates"]})
+                resp.raise_for_status()
+                body = resp.json()
+                local = critic.score(row["state_text"], row["candidates"])
+                if max(abs(a - b) for a, b in zip(body["scores"], local)) > 1e-3:
+                    raise RuntimeError(f"HTTP and in-process scores differ: {body['scores']} vs {local}")
+                answers.append({**body, "state_text": row["state_text"], "candidates": row["candidates"],
+                                "expert": row.get("expert")})
+    finally:
+        serving.stop()
+    return answers
+
+
+def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
+    import mlflow
+
+    from harnessrl.critic import Critic
+    from harnessrl.evaluation import gold_rows, gold_top1
+    from harnessrl.jobs.train import train
+    from harnessrl.pipelines.encode import encode
+    from harnessrl.pipelines.ingest import ingest
+    from harnessrl.pipelines.transitions import build_transitions
+
+    started = time.time()
+    out = cfg.output_dir or str(settings.runs_dir() / cfg.name)
+    recipe = load_recipe(cfg.rewards)
+    init_ray(cfg.ray_address)
+    experiment_id = registry.ensure_experiment(cfg.registry.experiment)
+    run_name = f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    summary: dict[str, Any] = {"pipeline": cfg.name, "output_dir": out}
+    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name) as run:
+        run_id = run.info.run_id
+        mlflow.log_params(_flatten("", cfg.model_dump(), {}))
+        mlflow.set_tags({"harnessrl.pipeline": cfg.name, "harnessrl.git_sha": registry.git_sha(),
+                         "harnessrl.reward_recipe": recipe.digest()})
+
+        ing = ingest(cfg.data.train, storage.join(out, "ingest"), cfg.data.format)
+        summary["ingest"] = ing.summary()
+        mlflow.log_metrics({f"ingest/{k}": v for k, v in ing.summary().items() if isinstance(v, (int, float))})
+        _log_dataset("raw", ing.sources[0], ing.raw_digest, "raw")
+
+        tr = build_transitions(storage.join(out, "ingest"), storage.join(out, "transitions"), recipe, cfg.render)
+        summary["transitions"] = tr.summary()
+        mlflow.log_metrics({f"transitions/{k}": v for k, v in tr.summary().items() if isinstance(v, (int, float))})
+
+        enc = encode(storage.join(out, "transitions"), storage.join(out, "encoded"), cfg.encoder)
+        summary["encode"] = enc.summary()
+        mlflow.log_metrics({f"encode/{k}": v for k, v in enc.summary().items() if isinstance(v, (int, float))})
+
+        digests = {
+            "raw": ing.raw_digest,
+            "episodes": lineage.dataset_digest(storage.join(out, "ingest", "episodes"), ["episode_id"]),
+            "steps": lineage.dataset_digest(storage.join(out, "ingest", "steps"), KEYS),
+            "transitions": lineage.dataset_digest(storage.join(out, "transitions"), KEYS),
+            "encoded": lineage.dataset_digest(storage.join(out, "encoded", "data"), KEYS),
+        }
+        for name in ("transitions", "encoded"):
+            _log_dataset(name, storage.join(out, name), digests[name], "training" if name == "encoded" else name)
+        summary["digests"] = digests
+
+        lineage_tags = {
+            "dataset_digests": digests, "reward_recipe": recipe.name, "reward_recipe_hash": recipe.digest(),
+            "git_sha": registry.git_sha(), "mlflow_run_id": run_id, "pipeline": cfg.name,
+        }
+        meta = {"model_name": cfg.registry.model_name, "encoder": enc.encoder,
+                "render": cfg.render.model_dump(), "lineage": lineage_tags, "train_config": cfg.train.model_dump()}
+        model_dir = str(Path(out) / "model") if not storage.is_remote(out) else str(settings.home() / "models" / run_id)
+        trn = train(storage.join(out, "encoded"), storage.join(out, "train"), cfg.train, run_id, model_dir, meta, run_id)
+        summary["train"] = trn.summary()
+        mlflow.log_metrics({"train/seconds": trn.seconds, "train/fallback_threshold": trn.fallback_threshold})
+
+        tags = {
+            **{f"digest.{k}": v for k, v in digests.items()},
+            "reward_recipe": recipe.name, "reward_recipe_hash": recipe.digest(),
+            "encoder": json.dumps(enc.encoder, sort_keys=True), "train_config": json.dumps(cfg.train.model_dump()),
+            "git_sha": registry.git_sha(), "mlflow_run_id": run_id, "fallback_threshold": f"{trn.fallback_threshold:.6g}",
+        }
+        version = registry.register_critic(model_dir, cfg.registry.model_name, cfg.registry.alias, tags)
+        model_uri = f"models:/{cfg.registry.model_name}@{cfg.registry.alias}"
+        summary["model"] = {"name": cfg.registry.model_name, "version": version, "alias": cfg.registry.alias,
+                            "uri": model_uri, "run_id": run_id, "experiment": cfg.registry.experiment}
+
+        if cfg.data.heldout:
+            critic = Critic.load(model_uri)  # through the registry, as a user would
+            held = storage.join(out, "heldout")
+            h_ing = ingest(cfg.data.heldout, storage.join(held, "ingest"), cfg.data.format)
+            build_transitions(storage.join(held, "ingest"), storage.join(held, "transitions"), recipe, cfg.render)
+            import pyarrow.dataset as pads
+
+            fs, path = storage.filesystem(storage.join(held, "transitions"))
+            rows = gold_rows(pads.dataset(path, filesystem=fs, format="parquet").to_table().to_pylist(),
+                             cfg.evaluate.max_heldout_steps)
+            t0 = time.time()
+            figures = gold_top1(critic, rows)
+            figures["ms_per_step"] = 1000 * (time.time() - t0) / max(1, len(rows))
+            figures["heldout_episodes"] = h_ing.episodes
+            summary["evaluate"] = figures
+            mlflow.log_metrics({f"heldout/{k}": v for k, v in figures.items()})
+            if cfg.serve.enabled and cfg.serve.smoke_requests:
+                step = max(1, len(rows) // cfg.serve.smoke_requests)
+                picks = rows[::step][: cfg.serve.smoke_requests]
+                summary["served"] = _serve_check(cfg, model_uri, picks, critic)
+        summary["seconds"] = time.time() - started
+        mlflow.log_metric("pipeline/seconds", summary["seconds"])
+        mlflow.log_dict(summary, "summary.json")
+    return summary

@@ -1,0 +1,202 @@
+"""Train job: data-parallel IQL on Ray Train (`TorchTrainer`, DDP), checkpoints, MLflow metrics.
+
+Each worker reads its own shard of the encoded transitions into memory once and samples
+minibatches from it (the standard offline-RL replay), so every worker takes the same number
+of steps whatever its shard size. Rank 0 writes checkpoints and logs metrics to MLflow.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harnessrl.config import TrainConfig
+
+log = logging.getLogger(__name__)
+ARRAY_COLUMNS = ("state_emb", "action_emb", "next_state_emb", "reward", "done", "outcome_success")
+
+
+@dataclass
+class TrainResult:
+    model_dir: str
+    checkpoint_path: str
+    steps: int
+    seconds: float
+    metrics: dict[str, float]
+    reward_scale: float
+    fallback_threshold: float
+
+    def summary(self) -> dict:
+        return asdict(self)
+
+
+def _matrix(column) -> np.ndarray:
+    """fixed_size_list<float>[d] -> (n, d) float32 without a Python loop."""
+    arr = column.combine_chunks()
+    return arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(len(arr), arr.type.list_size)
+
+
+def load_arrays(batches) -> dict[str, np.ndarray]:
+    """Concatenate pyarrow batches of encoded transitions into the arrays training needs."""
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in ARRAY_COLUMNS}
+    for b in batches:
+        for k in ("state_emb", "action_emb", "next_state_emb"):
+            parts[k].append(_matrix(b.column(k)))
+        parts["reward"].append(b.column("reward").to_numpy(zero_copy_only=False).astype(np.float32))
+        parts["done"].append(b.column("done").to_numpy(zero_copy_only=False).astype(np.float32))
+        parts["outcome_success"].append(
+            np.array([bool(x) for x in b.column("outcome_success").to_pylist()], dtype=bool))
+    return {k: np.concatenate(v) if v else np.zeros((0,), np.float32) for k, v in parts.items()}
+
+
+def _train_loop(config: dict[str, Any]) -> None:
+    import ray.train
+    import torch
+    from ray.train.torch import prepare_model
+
+    from harnessrl.algorithms.iql import IQLConfig, IQLLearner, IQLNetwork
+    from harnessrl.training_state import load_training_state, save_training_state
+
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    torch.set_num_threads(config["threads"])
+    torch.manual_seed(config["seed"])  # same init on every rank; DDP broadcasts rank 0's anyway
+    data = load_arrays(ray.train.get_dataset_shard("train").iter_batches(batch_size=4096, batch_format="pyarrow"))
+    n = len(data["reward"])
+    if n == 0:
+        raise RuntimeError(f"worker {rank} got an empty shard")
+    t = {k: torch.from_numpy(data[k]) for k in ("state_emb", "action_emb", "next_state_emb", "reward", "done")}
+    t["reward"] = t["reward"] * config["reward_scale"]
+
+    cfg = IQLConfig(**config["iql"])
+    learner = IQLLearner(cfg, prepare_model(IQLNetwork(cfg)) if world > 1 else IQLNetwork(cfg))
+    start = 0
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as d:
+            start = load_training_state(d, learner.core, learner.target_q, learner.opt)["step"]
+
+    mlflow_client = None
+    if rank == 0 and config.get("mlflow_run_id"):
+        from mlflow import MlflowClient
+
+        mlflow_client = MlflowClient(config["tracking_uri"])
+    gen = torch.Generator().manual_seed(config["seed"] * 1000 + rank + start)
+    per_worker = max(1, config["batch_size"] // world)
+    window: list[dict[str, float]] = []
+    for step in range(start + 1, config["steps"] + 1):
+        idx = torch.randint(n, (per_worker,), generator=gen)
+        window.append(learner.update(t["state_emb"][idx], t["action_emb"][idx], t["reward"][idx],
+                                     t["next_state_emb"][idx], t["done"][idx]))
+        last = step == config["steps"]
+        if step % config["log_every"] == 0 or last:
+            metrics = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
+            window = []
+            if mlflow_client:
+                from mlflow.entities import Metric
+
+                now = int(time.time() * 1000)
+                mlflow_client.log_batch(config["mlflow_run_id"],
+                                        metrics=[Metric(f"train/{k}", v, now, step) for k, v in metrics.items()])
+        if step % config["checkpoint_every"] == 0 or last:
+            with tempfile.TemporaryDirectory() as tmp:
+                ckpt = None
+                if rank == 0:
+                    save_training_state(tmp, learner.core, learner.target_q, learner.opt, step, {"iql": cfg.to_dict()})
+                    ckpt = ray.train.Checkpoint.from_directory(tmp)
+                ray.train.report({"step": step, **metrics}, checkpoint=ckpt)
+
+
+def reward_scale_for(returns: np.ndarray) -> float:
+    """Scale rewards so the largest |return| is about 1: Q stays in a range the MLP fits easily."""
+    peak = float(np.max(np.abs(returns))) if len(returns) else 1.0
+    return 1.0 / peak if peak > 1.0 else 1.0
+
+
+def _fallback_threshold(net, data: dict[str, np.ndarray], reward_scale: float, quantile: float) -> float:
+    """A low quantile of Q(s, a) over the steps of successful episodes, in reward units.
+
+    Why: the critic's job is to say when no candidate looks like the actions that led to
+    success. Steps on successful paths are the reference; a best candidate scoring below
+    what (1 - quantile) of them scored is outside that experience. Falls back to all
+    steps when the data has no success.
+    """
+    import torch
+
+    mask = data["outcome_success"] if data["outcome_success"].any() else np.ones(len(data["reward"]), bool)
+    s, a = torch.from_numpy(data["state_emb"][mask]), torch.from_numpy(data["action_emb"][mask])
+    with torch.no_grad():
+        q = torch.cat([net.q.min_q(s[i:i + 8192], a[i:i + 8192]) for i in range(0, len(s), 8192)])
+    return float(np.quantile(q.numpy() / reward_scale, quantile))
+
+
+def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, model_dir: str,
+          meta: dict[str, Any], mlflow_run_id: str | None = None) -> TrainResult:
+    """Fit IQL on `encoded_dir/data`, write the critic folder to `model_dir` and return figures.
+
+    `meta` (encoder identity, render settings, lineage) is stored with the model.
+    """
+    import ray
+    import torch
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from harnessrl import settings, storage
+    from harnessrl.algorithms.iql import IQLConfig, IQLNetwork
+    from harnessrl.model_files import save_critic
+    from harnessrl.training_state import load_network_weights
+
+    start = time.time()
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    ds = ray.data.read_parquet(storage.join(encoded_dir, "data")).materialize()  # see the 2-CPU deadlock note
+    data = load_arrays(ds.iter_batches(batch_size=8192, batch_format="pyarrow"))
+    returns = ds.select_columns(["return_to_go"]).to_pandas()["return_to_go"].to_numpy()
+    scale = reward_scale_for(returns)
+    dim = int(meta["encoder"]["dim"])
+    iql = IQLConfig(state_dim=dim, action_dim=dim, hidden_dim=cfg.hidden_dim, gamma=cfg.gamma,
+                    expectile=cfg.expectile, polyak=cfg.polyak, lr=cfg.lr)
+    use_gpu = cfg.gpus_per_worker > 0
+    resources = {"CPU": cfg.cpus_per_worker, **({"GPU": cfg.gpus_per_worker} if use_gpu else {})}
+    loop_config = {
+        "iql": iql.to_dict(), "steps": cfg.steps, "batch_size": cfg.batch_size, "seed": cfg.seed,
+        "log_every": cfg.log_every, "checkpoint_every": cfg.checkpoint_every, "reward_scale": scale,
+        "threads": max(1, int(round(cfg.cpus_per_worker))), "mlflow_run_id": mlflow_run_id,
+        "tracking_uri": settings.tracking_uri(),
+    }
+    log.info("train: IQL on %d transitions, %d worker(s) x %s, %d steps", len(returns), cfg.num_workers,
+             resources, cfg.steps)
+    trainer = TorchTrainer(
+        _train_loop,
+        train_loop_config=loop_config,
+        scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=use_gpu, resources_per_worker=resources),
+        run_config=RunConfig(
+            name=run_name, storage_path=storage_dir,
+            checkpoint_config=CheckpointConfig(num_to_keep=2),
+            failure_config=FailureConfig(max_failures=1),
+        ),
+        datasets={"train": ds},
+    )
+    result = trainer.fit()
+    if result.checkpoint is None:
+        raise RuntimeError(f"training run {run_name} finished without a checkpoint: {result.error}")
+    net = IQLNetwork(iql)
+    with result.checkpoint.as_directory() as d:
+        load_network_weights(d, net)
+    net.eval()
+    threshold = _fallback_threshold(net, data, scale, cfg.fallback_quantile)
+    metrics = {k: float(v) for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
+    save_critic(model_dir, net, {**meta, "iql": iql.to_dict(), "reward_scale": scale,
+                                 "fallback_threshold": threshold, "fallback_quantile": cfg.fallback_quantile,
+                                 "train_metrics": metrics})
+    out = TrainResult(model_dir=str(model_dir), checkpoint_path=result.checkpoint.path, steps=cfg.steps,
+                      seconds=time.time() - start, metrics=metrics, reward_scale=scale, fallback_threshold=threshold)
+    log.info("train: done in %.0f s; loss_q %.4f loss_v %.4f; fallback threshold %.3f", out.seconds,
+             metrics.get("loss_q", float("nan")), metrics.get("loss_v", float("nan")), threshold)
+    return out

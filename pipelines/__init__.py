@@ -1,0 +1,1 @@
+"""Ray Data pipelines: ingest -> rewards -> transitions -> encode (imported as `harnessrl.pipelines`)."""

@@ -1,0 +1,1 @@
+"""Offline RL algorithms over encoded transitions: tensor math only, no I/O."""

@@ -1,0 +1,138 @@
+"""Implicit Q-Learning critic (Kostrikov et al., 2021) over frozen text embeddings.
+
+Readable top to bottom: config, networks, losses (one line each), one update step.
+Q(s, a) is a twin MLP over [s, a, s*a, |s-a|]; V(s) is fit to the target Q by expectile
+regression, so it approximates the best in-support action value without ever querying Q
+on actions the data never took; Q is fit to r + gamma * (1 - done) * V(s').
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class IQLConfig:
+    state_dim: int = 384
+    action_dim: int = 384
+    hidden_dim: int = 256
+    gamma: float = 0.95
+    expectile: float = 0.7
+    polyak: float = 0.005
+    lr: float = 3e-4
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def mlp(in_dim: int, hidden: int, out_dim: int = 1) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Linear(in_dim, hidden), nn.LayerNorm(hidden), nn.ReLU(),
+        nn.Linear(hidden, hidden), nn.LayerNorm(hidden), nn.ReLU(),
+        nn.Linear(hidden, out_dim),
+    )
+
+
+def pair_features(s: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """[s, a, s*a, |s-a|]: lets a small MLP compare state and action embeddings directly."""
+    return torch.cat([s, a, s * a, (s - a).abs()], dim=-1)
+
+
+class TwinQ(nn.Module):
+    def __init__(self, cfg: IQLConfig):
+        super().__init__()
+        assert cfg.state_dim == cfg.action_dim, "pair features need equal state and action dims"
+        self.q1 = mlp(4 * cfg.state_dim, cfg.hidden_dim)
+        self.q2 = mlp(4 * cfg.state_dim, cfg.hidden_dim)
+
+    def forward(self, s: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = pair_features(s, a)
+        return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
+
+    def min_q(self, s: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        return torch.minimum(*self(s, a))
+
+
+class ValueNet(nn.Module):
+    def __init__(self, cfg: IQLConfig):
+        super().__init__()
+        self.v = mlp(cfg.state_dim, cfg.hidden_dim)
+
+    def forward(self, s: torch.Tensor) -> torch.Tensor:
+        return self.v(s).squeeze(-1)
+
+
+class IQLNetwork(nn.Module):
+    """Q and V in one module so one DDP wrapper and one backward pass cover both."""
+
+    def __init__(self, cfg: IQLConfig):
+        super().__init__()
+        self.q = TwinQ(cfg)
+        self.v = ValueNet(cfg)
+
+    def forward(self, s, a, s_next):
+        q1, q2 = self.q(s, a)
+        return q1, q2, self.v(s), self.v(s_next)
+
+
+# ---- losses -------------------------------------------------------------------------------
+def asymmetric_l2(u: torch.Tensor, tau: float) -> torch.Tensor:
+    return (torch.abs(tau - (u < 0).float()) * u.pow(2)).mean()
+
+
+def value_loss(target_q: torch.Tensor, v: torch.Tensor, tau: float) -> torch.Tensor:
+    return asymmetric_l2(target_q - v, tau)
+
+
+def q_target(r: torch.Tensor, done: torch.Tensor, v_next: torch.Tensor, gamma: float) -> torch.Tensor:
+    return r + gamma * (1.0 - done) * v_next
+
+
+def q_loss(q1: torch.Tensor, q2: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(q1, target) + F.mse_loss(q2, target)
+
+
+@torch.no_grad()
+def polyak_update(target: nn.Module, source: nn.Module, rate: float) -> None:
+    for t, s in zip(target.parameters(), source.parameters()):
+        t.mul_(1.0 - rate).add_(s, alpha=rate)
+
+
+class IQLLearner:
+    """Owns the network (optionally DDP-wrapped), the target Q and the optimiser."""
+
+    def __init__(self, cfg: IQLConfig, net: nn.Module | None = None, device: str | torch.device = "cpu"):
+        self.cfg = cfg
+        self.net = net if net is not None else IQLNetwork(cfg).to(device)
+        self.target_q = copy.deepcopy(self.core.q).requires_grad_(False)
+        self.opt = torch.optim.Adam(self.net.parameters(), lr=cfg.lr)
+
+    @property
+    def core(self) -> IQLNetwork:
+        """The bare network (unwrapped from DDP)."""
+        return getattr(self.net, "module", self.net)
+
+    def update(self, s, a, r, s_next, done) -> dict[str, float]:
+        cfg = self.cfg
+        q1, q2, v, v_next = self.net(s, a, s_next)
+        with torch.no_grad():
+            tq = self.target_q.min_q(s, a)
+            y = q_target(r, done, v_next.detach(), cfg.gamma)
+        loss_v = value_loss(tq, v, cfg.expectile)
+        loss_q = q_loss(q1, q2, y)
+        self.opt.zero_grad(set_to_none=True)
+        (loss_v + loss_q).backward()
+        self.opt.step()
+        polyak_update(self.target_q, self.core.q, cfg.polyak)
+        return {
+            "loss_q": loss_q.item(),
+            "loss_v": loss_v.item(),
+            "q_mean": q1.mean().item(),
+            "v_mean": v.mean().item(),
+            "adv_mean": (tq - v).mean().item(),
+        }

@@ -1,0 +1,179 @@
+"""`harnessrl` command line. Exit codes: 0 ok, 1 internal error, 2 bad arguments or config,
+3 data error (unreadable or unusable input), 4 model error (missing model, encoder mismatch),
+130 interrupted. User mistakes print one clear line, never a stack trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from harnessrl.errors import ConfigError, HarnessError
+
+log = logging.getLogger("harnessrl")
+
+
+def model_uri(spec: str) -> str:
+    """`NAME@ALIAS`, `NAME/VERSION`, `models:/...` or a local critic folder."""
+    if spec.startswith("models:/") or Path(spec).exists():
+        return spec
+    if "@" in spec or "/" in spec:
+        return f"models:/{spec}"
+    raise ConfigError(f"--model {spec!r}: expected NAME@ALIAS, NAME/VERSION, models:/... or a critic folder")
+
+
+def _setup_logging(verbose: bool) -> None:
+    # Our own handler: Ray resets the root logger's level when it starts.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[harnessrl %(asctime)s] %(message)s", "%H:%M:%S"))
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG if verbose else logging.INFO)
+    log.propagate = False
+    for noisy in ("mlflow", "sentence_transformers", "httpx", "alembic", "urllib3", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def print_summary(s: dict[str, Any]) -> None:
+    ing, tr, enc, trn = s["ingest"], s["transitions"], s["encode"], s["train"]
+    m = s["model"]
+    lines = [
+        "",
+        f"== harnessrl pipeline '{s['pipeline']}' finished in {s['seconds']:.0f} s ==",
+        f"ingest       {ing['records_in']} records -> {ing['episodes']} episodes, {ing['steps']} steps; "
+        f"{ing['records_quarantined']} quarantined {ing['by_reason'] or ''}",
+        f"rewards      recipe '{tr['recipe']}' {tr['recipe_digest']}; mean episode return {tr['mean_return']:.2f}; "
+        f"success rate in logs {tr['success_rate']:.2f}",
+        f"transitions  {tr['transitions']} (s, a, r, s', done) from {tr['episodes']} episodes",
+        f"encode       {enc['texts_total']} texts, {enc['texts_distinct']} distinct, encoded once each by "
+        f"{enc['actors']} actor(s) in {enc['seconds']:.0f} s ({enc['encoder']['model_name']}, dim {enc['encoder']['dim']})",
+        f"train        IQL {trn['steps']} steps in {trn['seconds']:.0f} s: loss_q {trn['metrics'].get('loss_q', float('nan')):.4f}, "
+        f"loss_v {trn['metrics'].get('loss_v', float('nan')):.5f}, q_mean {trn['metrics'].get('q_mean', float('nan')):.3f}; "
+        f"fallback threshold {trn['fallback_threshold']:.3f}",
+        f"registry     {m['name']} version {m['version']} -> alias '{m['alias']}'  ({m['uri']})",
+    ]
+    ev = s.get("evaluate")
+    if ev:
+        lift = ev["gold_top1"] / ev["random_top1"] if ev["random_top1"] else float("nan")
+        lines.append(
+            f"held-out     {ev['steps']} test-seed steps: critic ranks the gold action first {ev['gold_top1']:.3f} "
+            f"vs random {ev['random_top1']:.3f} ({lift:.1f}x); {ev['ms_per_step']:.1f} ms/step in-process")
+    for i, a in enumerate(s.get("served", [])):
+        state = a["state_text"].splitlines()[-1][:70]
+        pick = a["candidates"][a["best_index"]]
+        lines.append(f"served #{i}    '{state}' -> '{pick}' (score {a['scores'][a['best_index']]:.2f}, "
+                     f"{len(a['candidates'])} candidates, gold '{a['expert']}', fallback {a['fallback']})")
+    lines += [
+        f"outputs      {s['output_dir']}",
+        f"mlflow       run {m['run_id']} in experiment '{m['experiment']}'; browse with: "
+        f".venv/bin/mlflow ui --backend-store-uri {_tracking()} --host 127.0.0.1",
+        "",
+    ]
+    print("\n".join(lines))
+
+
+def _tracking() -> str:
+    from harnessrl import settings
+
+    return settings.tracking_uri()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from harnessrl.config import load_pipeline
+    from harnessrl.jobs.pipeline import run_pipeline
+
+    cfg = load_pipeline(args.pipeline, args.set)
+    if args.address:
+        cfg.ray_address = args.address
+    summary = run_pipeline(cfg)
+    if args.json:
+        print(json.dumps(summary, indent=2, default=str))
+    else:
+        print_summary(summary)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import time
+
+    from harnessrl.ray_runtime import init_ray
+    from harnessrl.serving import app as serving
+
+    uri = model_uri(args.model)
+    init_ray(args.address)
+    url = serving.start(uri, args.host, args.port, args.max_batch_size)
+    print(f"serving {uri} at {url}  (POST /v1/score, GET /v1/model, GET /healthz, docs at {url}/docs); Ctrl-C stops",
+          flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        serving.stop()
+    return 0
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    from harnessrl.critic import Critic
+
+    if not args.candidate:
+        raise ConfigError("give at least one --candidate")
+    state: Any = args.state
+    if args.state.lstrip().startswith("{"):
+        try:
+            state = json.loads(args.state)
+        except ValueError as exc:
+            raise ConfigError(f"--state looks like JSON but does not parse: {exc}") from None
+    critic = Critic.load(model_uri(args.model))
+    d = critic.decide(state, args.candidate)
+    print(json.dumps({"scores": d.scores, "best_index": d.best_index, "best": args.candidate[d.best_index],
+                      "fallback": d.fallback, "reason": d.reason,
+                      "model": {"name": critic.name, "version": critic.version}}, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="harnessrl", description=__doc__.split("\n")[0])
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a pipeline YAML (ingest, rewards, transitions, encode, train, register, ...)")
+    run.add_argument("pipeline")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+    run.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a local Ray)")
+    run.add_argument("--json", action="store_true", help="print the summary as JSON")
+    run.set_defaults(fn=cmd_run)
+
+    serve = sub.add_parser("serve", help="serve a critic over HTTP with Ray Serve")
+    serve.add_argument("--model", required=True, help="NAME@ALIAS, NAME/VERSION, models:/... or a critic folder")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--max-batch-size", type=int, default=32)
+    serve.add_argument("--address", help="Ray cluster address")
+    serve.set_defaults(fn=cmd_serve)
+
+    score = sub.add_parser("score", help="score candidates for one state, in-process")
+    score.add_argument("--model", required=True)
+    score.add_argument("--state", required=True, help="rendered text, or JSON {task, history, observation}")
+    score.add_argument("--candidate", action="append", default=[])
+    score.set_defaults(fn=cmd_score)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.verbose)
+    try:
+        return args.fn(args)
+    except HarnessError as exc:
+        print(f"harnessrl: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("harnessrl: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

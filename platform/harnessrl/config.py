@@ -1,0 +1,138 @@
+"""Typed pipeline configuration, loaded from YAML with `--set key=value` overrides.
+
+One model per stage; every field has a default that runs on a 2-core laptop, and the same
+file scales out by changing values (workers, GPUs, s3:// paths), never code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from harnessrl.errors import ConfigError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DataConfig(_Strict):
+    """Sources: files, directories, globs, `s3://` URIs, or `builtin:twx-train|twx-test`."""
+
+    train: list[str]
+    heldout: list[str] = Field(default_factory=list)
+    format: Literal["native"] = "native"
+
+
+class RenderConfig(_Strict):
+    """How a state is written as text: the task, the last `window` (action, result) pairs, the observation."""
+
+    window: int = Field(4, ge=0)
+    max_chars: int = Field(2000, ge=200)
+
+
+class EncoderConfig(_Strict):
+    model: str = "builtin:all-MiniLM-L6-v2"
+    batch_size: int = Field(128, ge=1)
+    max_seq_length: int | None = Field(None, ge=8, description="token cap per text; None = the model's own")
+    actors: int | None = Field(None, ge=1, description="actor pool size; None = fit the cluster")
+    cpus_per_actor: float = Field(0.5, gt=0)
+    gpus_per_actor: float = Field(0.0, ge=0)
+    dtype: Literal["float32", "float16"] = "float32"
+
+
+class TrainConfig(_Strict):
+    steps: int = Field(2000, ge=1)
+    batch_size: int = Field(256, ge=2)
+    lr: float = Field(3e-4, gt=0)
+    hidden_dim: int = Field(256, ge=8)
+    gamma: float = Field(0.95, gt=0, le=1)
+    expectile: float = Field(0.7, gt=0, lt=1)
+    polyak: float = Field(0.005, gt=0, le=1)
+    num_workers: int = Field(2, ge=1)
+    cpus_per_worker: float = Field(0.5, gt=0)
+    gpus_per_worker: float = Field(0.0, ge=0)
+    checkpoint_every: int = Field(500, ge=1)
+    log_every: int = Field(100, ge=1)
+    fallback_quantile: float = Field(0.1, ge=0, le=1)
+    seed: int = 0
+
+
+class RegistryConfig(_Strict):
+    experiment: str = "harnessrl"
+    model_name: str = "harnessrl-critic"
+    alias: str = "champion"
+
+
+class EvaluateConfig(_Strict):
+    max_heldout_steps: int = Field(1000, ge=1)
+
+
+class ServeConfig(_Strict):
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    max_batch_size: int = Field(32, ge=1)
+    batch_wait_timeout_s: float = Field(0.01, ge=0)
+    smoke_requests: int = Field(5, ge=0, description="held-out states scored over HTTP at the end of a run")
+
+
+class PipelineConfig(_Strict):
+    name: str = "pipeline"
+    output_dir: str | None = Field(None, description="default: $HARNESSRL_HOME/runs/<name>")
+    ray_address: str | None = None
+    data: DataConfig
+    rewards: str = "default"
+    render: RenderConfig = Field(default_factory=RenderConfig)
+    encoder: EncoderConfig = Field(default_factory=EncoderConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    registry: RegistryConfig = Field(default_factory=RegistryConfig)
+    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
+    serve: ServeConfig = Field(default_factory=ServeConfig)
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `a.b.c=value` overrides; values are parsed as YAML scalars (`3`, `true`, `[a, b]`)."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        key, _, text = item.partition("=")
+        parts = key.strip().split(".")
+        if not all(parts):
+            raise ConfigError(f"--set has an empty key segment: {item!r}")
+        node = raw
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {key}: {part!r} is not a section")
+            node = child
+        node[parts[-1]] = yaml.safe_load(text) if text.strip() else ""
+    return raw
+
+
+def load_pipeline(path: str | Path, overrides: list[str] | None = None) -> PipelineConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"pipeline file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    raw = apply_overrides(raw, overrides or [])
+    return parse_pipeline(raw, origin=str(path))
+
+
+def parse_pipeline(raw: dict[str, Any], origin: str = "<config>") -> PipelineConfig:
+    try:
+        return PipelineConfig.model_validate(raw)
+    except ValidationError as exc:
+        lines = [f"{origin}: invalid pipeline configuration:"]
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            lines.append(f"  {where}: {err['msg']}")
+        raise ConfigError("\n".join(lines)) from None

@@ -1,0 +1,61 @@
+"""Connecting to Ray: a local, loopback-only instance by default, a cluster by address."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from harnessrl.settings import apply_offline_env
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+    """Start or join Ray once per process.
+
+    Without an address (and no RAY_ADDRESS) a local instance starts, bound to 127.0.0.1 with
+    no dashboard; with one, this process joins that cluster.
+    """
+    apply_offline_env()
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if not address:
+        # Must be set before Ray is imported anywhere: it decides the node IP (127.0.0.1).
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    import ray
+
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
+    # A local instance's workers inherit this process's environment (HARNESSRL_HOME, MLflow,
+    # AWS endpoint); on a cluster the job's runtime env carries them.
+    kwargs: dict = {
+        "logging_level": logging.WARNING,
+        "log_to_driver": True,
+        # Workers log warnings and errors only (Train logs every report at INFO otherwise).
+        "logging_config": ray.LoggingConfig(encoding="TEXT", log_level="WARNING"),
+    }
+    if address:
+        ray.init(address=address, **kwargs)
+    else:
+        # The dashboard serves the State API (Ray Train's placement-group cleaner polls it)
+        # and job submission; it binds to loopback like the rest.
+        ray.init(
+            include_dashboard=True,
+            dashboard_host="127.0.0.1",
+            num_cpus=num_cpus,
+            _node_ip_address="127.0.0.1",
+            **kwargs,
+        )
+    from ray.data import DataContext
+
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+
+    ctx = DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.print_on_execution_start = False
+
+
+def shutdown_ray() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()

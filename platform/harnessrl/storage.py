@@ -1,0 +1,117 @@
+"""Sources and outputs on local disk or S3, through pyarrow filesystems.
+
+`s3://` works against AWS or any S3-compatible endpoint (AWS_ENDPOINT_URL); local paths,
+directories and globs work as given; `builtin:` names the bundled example corpus.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import hashlib
+import io
+from importlib import resources
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow.fs as pafs
+
+from harnessrl.errors import DataError
+
+BUILTIN_CORPORA = {
+    "twx-train": "data/twx_train.jsonl.gz",
+    "twx-test": "data/twx_test.jsonl.gz",
+}
+LOG_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz")
+
+
+def is_remote(uri: str) -> bool:
+    return "://" in uri and not uri.startswith("file://")
+
+
+def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem and path for a URI or local path."""
+    if is_remote(uri):
+        return pafs.FileSystem.from_uri(uri)
+    path = uri[len("file://"):] if uri.startswith("file://") else uri
+    return pafs.LocalFileSystem(), str(Path(path).expanduser().resolve())
+
+
+def _builtin(name: str) -> str:
+    if name not in BUILTIN_CORPORA:
+        raise DataError(f"unknown builtin corpus {name!r}; known: {', '.join(sorted(BUILTIN_CORPORA))}")
+    path = resources.files("harnessrl.examples").joinpath(BUILTIN_CORPORA[name])
+    return str(path)
+
+
+def expand_sources(specs: list[str]) -> list[str]:
+    """Files named by paths, directories, globs, s3:// prefixes and builtin: names, sorted, deduplicated."""
+    found: list[str] = []
+    for spec in specs:
+        if spec.startswith("builtin:"):
+            found.append(_builtin(spec[len("builtin:"):]))
+            continue
+        if any(ch in spec for ch in "*?[") and not is_remote(spec):
+            matches = sorted(glob.glob(spec, recursive=True))
+            if not matches:
+                raise DataError(f"no files match {spec!r}")
+            found.extend(str(Path(m).resolve()) for m in matches if Path(m).is_file())
+            continue
+        fs, path = filesystem(spec)
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.NotFound:
+            raise DataError(f"source not found: {spec}")
+        if info.type == pafs.FileType.Directory:
+            inner = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+            files = sorted(i.path for i in inner if i.type == pafs.FileType.File and i.path.endswith(LOG_SUFFIXES))
+            if not files:
+                raise DataError(f"no log files ({', '.join(LOG_SUFFIXES)}) under {spec}")
+            prefix = spec.split("://")[0] + "://" if is_remote(spec) else ""
+            found.extend(prefix + f for f in files)
+        else:
+            found.append(spec if is_remote(spec) else path)
+    return sorted(dict.fromkeys(found))
+
+
+def read_bytes(uri: str) -> bytes:
+    """Whole file, gunzipped when it ends in .gz."""
+    fs, path = filesystem(uri)
+    try:
+        with fs.open_input_stream(path, compression=None) as fh:  # we gunzip ourselves, with a clear error
+            data = fh.read()
+    except (OSError, FileNotFoundError) as exc:
+        raise DataError(f"cannot read {uri}: {exc}") from None
+    if uri.endswith(".gz"):
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as exc:
+            raise DataError(f"{uri}: not a valid gzip file: {exc}") from None
+    return data
+
+
+def iter_lines(uri: str) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, raw bytes) for each non-blank line."""
+    for no, line in enumerate(io.BytesIO(read_bytes(uri)), start=1):
+        line = line.rstrip(b"\r\n")
+        if line.strip():
+            yield no, line
+
+
+def digest_sources(uris: list[str]) -> str:
+    """Content digest of a raw corpus: independent of file names and order."""
+    parts = sorted(hashlib.sha256(read_bytes(u)).hexdigest() for u in uris)
+    return "sha256:" + hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def join(base: str, *parts: str) -> str:
+    if is_remote(base):
+        return "/".join([base.rstrip("/"), *parts])
+    return str(Path(base, *parts))
+
+
+def reset_dir(uri: str) -> None:
+    """Empty a stage's output folder so a rerun never mixes old and new files."""
+    fs, path = filesystem(uri)
+    if fs.get_file_info(path).type != pafs.FileType.NotFound:
+        fs.delete_dir(path)
+    fs.create_dir(path, recursive=True)

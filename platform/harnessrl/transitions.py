@@ -1,0 +1,57 @@
+"""One episode's steps -> (s, a, r, s', done) transitions with rendered states and rewards.
+
+Pure and per-episode, so the pipeline can run it in parallel over episode groups.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harnessrl.render import Turn, render_state
+from harnessrl.rewards import RewardRecipe
+
+
+def episode_transitions(
+    episode: dict[str, Any],
+    steps: list[dict[str, Any]],
+    recipe: RewardRecipe,
+    window: int = 4,
+    max_chars: int = 2000,
+) -> list[dict[str, Any]]:
+    steps = sorted(steps, key=lambda s: s["step_idx"])
+    n = len(steps)
+    task = episode.get("task_text") or ""
+    # The result of step t is its own result text, else what the agent saw next.
+    results = [
+        s.get("result_text") or (steps[t + 1].get("obs_text") or "" if t + 1 < n else "") for t, s in enumerate(steps)
+    ]
+    turns = [Turn(s["action_text"], results[t]) for t, s in enumerate(steps)]
+    components = recipe.step_rewards(episode, steps)
+    rewards = [sum(c.values()) for c in components]
+    rtg, acc = [0.0] * n, 0.0
+    for t in range(n - 1, -1, -1):
+        acc += rewards[t]
+        rtg[t] = acc
+    out = []
+    for t, s in enumerate(steps):
+        next_obs = steps[t + 1].get("obs_text") or "" if t + 1 < n else results[t]
+        out.append(
+            {
+                "episode_id": episode["episode_id"],
+                "step_idx": int(s["step_idx"]),
+                "task_id": episode.get("task_id"),
+                "group_id": episode.get("group_id"),
+                "state_text": render_state(task, turns[:t], s.get("obs_text") or "", window, max_chars),
+                "action_text": s["action_text"],
+                "reward": rewards[t],
+                "reward_components": components[t],
+                "next_state_text": render_state(task, turns[: t + 1], next_obs, window, max_chars),
+                "done": bool(s.get("terminated")),
+                "truncated": bool(s.get("truncated")),
+                "return_to_go": rtg[t],
+                "outcome_success": episode.get("outcome_success"),
+                "candidates": s.get("candidates"),
+                "info": s.get("info") or "{}",
+            }
+        )
+    return out

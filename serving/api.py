@@ -1,0 +1,54 @@
+"""Typed request and response models of the HTTP API (DESIGN §9); FastAPI derives the OpenAPI spec."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_CANDIDATES = 256
+MAX_TEXT_CHARS = 20_000
+
+
+class HistoryItem(BaseModel):
+    action: str = Field(max_length=MAX_TEXT_CHARS)
+    observation: str = Field("", max_length=MAX_TEXT_CHARS, description="what the action returned")
+
+
+class StructuredState(BaseModel):
+    """A state the service renders with the same code as training."""
+
+    model_config = ConfigDict(extra="forbid")
+    task: str = Field("", max_length=MAX_TEXT_CHARS)
+    history: list[HistoryItem] = Field(default_factory=list, max_length=1000)
+    observation: str = Field("", max_length=MAX_TEXT_CHARS)
+
+
+class ScoreRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    agent_id: str | None = Field(None, max_length=200)
+    state: str | StructuredState = Field(description="rendered state text, or {task, history, observation}")
+    candidates: list[str] = Field(min_length=1, max_length=MAX_CANDIDATES)
+
+    def state_value(self) -> str | dict:
+        return self.state if isinstance(self.state, str) else self.state.model_dump()
+
+
+class ModelRef(BaseModel):
+    name: str
+    version: str | None
+
+
+class ScoreResponse(BaseModel):
+    scores: list[float] = Field(description="Q(s, a) per candidate, in reward units; higher is better")
+    best_index: int
+    fallback: bool = Field(description="true when the best score is below the model's threshold")
+    reason: str | None = None
+    ood: bool | None = Field(None, description="state far from the training data (not computed yet: null)")
+    model: ModelRef
+    decision_id: str
+
+
+class ModelInfo(BaseModel):
+    model: ModelRef
+    fallback_threshold: float | None
+    encoder: dict
+    lineage: dict
