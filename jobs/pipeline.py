@@ -76,6 +76,8 @@ def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
     started = time.time()
     out = cfg.output_dir or str(settings.runs_dir() / cfg.name)
     recipe = load_recipe(cfg.rewards)
+    for sources in (cfg.data.train, cfg.data.heldout):
+        storage.expand_sources(sources)  # a missing source fails now, not after minutes of work
     init_ray(cfg.ray_address)
     experiment_id = registry.ensure_experiment(cfg.registry.experiment)
     run_name = f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"

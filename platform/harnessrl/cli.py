@@ -62,7 +62,8 @@ def print_summary(s: dict[str, Any]) -> None:
             f"held-out     {ev['steps']} test-seed steps: critic ranks the gold action first {ev['gold_top1']:.3f} "
             f"vs random {ev['random_top1']:.3f} ({lift:.1f}x); {ev['ms_per_step']:.1f} ms/step in-process")
     for i, a in enumerate(s.get("served", [])):
-        state = a["state_text"].splitlines()[-1][:70]
+        now = [line for line in a["state_text"].splitlines() if line.startswith("Now: ")]
+        state = (now[0][5:] if now else a["state_text"])[:60].replace("\n", " ")
         pick = a["candidates"][a["best_index"]]
         lines.append(f"served #{i}    '{state}' -> '{pick}' (score {a['scores'][a['best_index']]:.2f}, "
                      f"{len(a['candidates'])} candidates, gold '{a['expert']}', fallback {a['fallback']})")

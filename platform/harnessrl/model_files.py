@@ -38,7 +38,10 @@ def load_critic_files(directory: str | Path):
     directory = Path(directory)
     if not (directory / CONFIG).is_file() or not (directory / WEIGHTS).is_file():
         raise ModelError(f"{directory} is not a critic folder (needs {CONFIG} and {WEIGHTS})")
-    meta = json.loads((directory / CONFIG).read_text())
+    try:
+        meta = json.loads((directory / CONFIG).read_text())
+    except (ValueError, OSError) as exc:
+        raise ModelError(f"{directory / CONFIG} is not readable JSON: {exc}") from None
     if meta.get("format_version") != FORMAT_VERSION:
         raise ModelError(f"{directory}: critic format {meta.get('format_version')} is not {FORMAT_VERSION}")
     net = IQLNetwork(IQLConfig(**meta["iql"]))

@@ -61,6 +61,11 @@ def _text(value: Any, field: str, lost: list[str], required: bool = False) -> st
     if isinstance(value, (dict, list)):
         raise _Bad(Reason.WRONG_TYPE, f"{field} must be a string, got {type(value).__name__}")
     text = value if isinstance(value, str) else str(value)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates from JSON escapes: not storable as UTF-8
+        lost.append(f"{field}:invalid_unicode")
+        text = text.encode("utf-8", "replace").decode("utf-8")
     if len(text) > MAX_FIELD_CHARS:
         lost.append(f"{field}:truncated:{len(text)}")
         text = text[:MAX_FIELD_CHARS]
@@ -80,7 +85,7 @@ def _tool_call(raw: Any, where: str, lost: list[str]) -> dict[str, Any]:
         raise _Bad(Reason.WRONG_TYPE, f"{where} must be an object")
     args = raw.get("arguments", "")
     if isinstance(args, (dict, list)):
-        args_text, parse_ok = json.dumps(args, sort_keys=True, ensure_ascii=False), True
+        args_text, parse_ok = json.dumps(args, sort_keys=True), True
     else:
         args_text = _text(args, f"{where}.arguments", lost)
         try:
@@ -100,7 +105,7 @@ def _tool_call(raw: Any, where: str, lost: list[str]) -> dict[str, Any]:
 
 def render_action(action: str, tool_calls: list[dict[str, Any]]) -> str:
     """Canonical action text: the action if given, else the tool calls as `name(arguments)`."""
-    if action:
+    if action.strip():
         return action
     return "; ".join(f"{c['name']}({c['arguments_json']})" for c in tool_calls)
 
@@ -133,7 +138,7 @@ def _step(raw: Any, idx: int, lost: list[str]) -> dict[str, Any]:
         "result_text": _text(raw.get("result"), f"{where}.result", lost),
         "reward": _number(raw.get("reward"), f"{where}.reward"),
         "candidates": candidates,
-        "info": json.dumps(info, sort_keys=True, ensure_ascii=False),
+        "info": json.dumps(info, sort_keys=True),
         "done": bool(raw.get("done", False)),
     }
 
@@ -190,7 +195,7 @@ def _episode(record: dict[str, Any], source_uri: str, line_no: int) -> ParsedEpi
         "task_id": task_id,
         "task_text": _text(record.get("task"), "task", lost),
         "system_prompt": _text(record.get("system_prompt"), "system_prompt", lost),
-        "tool_definitions": json.dumps(tools if tools is not None else [], ensure_ascii=False),
+        "tool_definitions": json.dumps(tools if tools is not None else []),
         "agent_name": _text(record.get("agent_name"), "agent_name", lost),
         "model": _text(record.get("model"), "model", lost),
         "n_steps": len(steps),
@@ -203,7 +208,7 @@ def _episode(record: dict[str, Any], source_uri: str, line_no: int) -> ParsedEpi
         "source_format": SOURCE_FORMAT,
         "source_uri": source_uri,
         "source_line": line_no,
-        "metadata": json.dumps(metadata, sort_keys=True, ensure_ascii=False),
+        "metadata": json.dumps(metadata, sort_keys=True),
         "lost_fields": lost,
     }
     return ParsedEpisode(episode, steps)
@@ -217,8 +222,8 @@ def parse_line(line: bytes, source_uri: str, line_no: int) -> ParsedEpisode | Qu
         return Quarantined(Reason.INVALID_UTF8, f"byte {exc.start}: {exc.reason}")
     try:
         record = json.loads(text)
-    except ValueError as exc:
-        return Quarantined(Reason.INVALID_JSON, str(exc)[:200])
+    except (ValueError, RecursionError) as exc:
+        return Quarantined(Reason.INVALID_JSON, (str(exc) or type(exc).__name__)[:200])
     if not isinstance(record, dict):
         return Quarantined(Reason.NOT_AN_OBJECT, f"top level is {type(record).__name__}")
     try:

@@ -1,0 +1,177 @@
+"""State rendering and per-episode transitions: order, budgets, rewards, end flags, and the
+guarantee that training states and served states are the same text."""
+
+from __future__ import annotations
+
+import pytest
+
+from harnessrl.errors import ConfigError
+from harnessrl.render import Turn, render_state, state_from_request
+from harnessrl.rewards import RewardRecipe
+from harnessrl.transitions import episode_transitions
+
+
+# ---- render_state -----------------------------------------------------------------------------
+def test_render_order_and_earlier_marker():
+    history = [Turn("a1", "r1"), Turn("a2", "r2"), Turn("a3", "r3")]
+    text = render_state("Cook dinner.", history, "kitchen", window=2, max_chars=2000)
+    assert text == "Task: Cook dinner.\nNow: kitchen\n> a3 -> r3\n> a2 -> r2\n(1 earlier steps)"
+
+
+def test_render_full_window_has_no_marker():
+    history = [Turn("a1", "r1"), Turn("a2", "r2")]
+    text = render_state(" t ", history, " obs ", window=4)
+    assert text == "Task: t\nNow: obs\n> a2 -> r2\n> a1 -> r1"
+
+
+def test_newest_result_equal_to_observation_is_not_repeated():
+    history = [Turn("open door", "hall"), Turn("go east", "kitchen")]
+    text = render_state("t", history, "kitchen", window=4)
+    assert text == "Task: t\nNow: kitchen\n> go east\n> open door -> hall"
+
+
+def test_older_result_equal_to_observation_is_kept():
+    history = [Turn("a1", "kitchen"), Turn("a2", "hall")]
+    assert render_state("t", history, "kitchen") == "Task: t\nNow: kitchen\n> a2 -> hall\n> a1 -> kitchen"
+
+
+def test_empty_task_and_observation_are_omitted():
+    assert render_state("", [Turn("a", "b")], "  ") == "> a -> b"
+
+
+def test_window_zero_keeps_only_marker():
+    assert render_state("t", [Turn("a", "b")] * 3, "o", window=0) == "Task: t\nNow: o\n(3 earlier steps)"
+
+
+def test_max_chars_truncation():
+    text = render_state("x" * 50, [], "y" * 50, max_chars=20)
+    assert len(text) == 20
+    assert text == ("Task: " + "x" * 11) + "..."
+
+
+def test_exactly_max_chars_is_not_truncated():
+    text = render_state("abcd", [], "", max_chars=len("Task: abcd"))
+    assert text == "Task: abcd"
+
+
+# ---- state_from_request -----------------------------------------------------------------------
+def test_state_from_request_dict_matches_render_state():
+    req = {
+        "task": "Find the key.",
+        "history": [{"action": "look", "observation": "dark room"}, {"action": "light lamp", "observation": "a key"}],
+        "observation": "a key",
+    }
+    expected = render_state("Find the key.", [Turn("look", "dark room"), Turn("light lamp", "a key")], "a key", 1, 300)
+    assert state_from_request(req, 1, 300) == expected
+    assert expected == "Task: Find the key.\nNow: a key\n> light lamp\n(1 earlier steps)"
+
+
+def test_state_from_request_string_passes_through():
+    text = "Task: anything\nNow: whatever " + "z" * 5000
+    assert state_from_request(text, 1, 200) is text
+
+
+@pytest.mark.parametrize("bad", [None, 3, ["task"]])
+def test_state_from_request_rejects_other_types(bad):
+    with pytest.raises(ConfigError):
+        state_from_request(bad, 4, 2000)
+
+
+# ---- episode_transitions ----------------------------------------------------------------------
+OBS = ["You are in the hall.", "You are in the kitchen.", "There is a fridge."]
+ACTIONS = ["go east", "look", "open fridge"]
+
+
+def _episode(terminated: bool, success: bool | None = True):
+    episode = {"episode_id": "e1", "task_id": "t1", "group_id": "g1", "task_text": "Find food.",
+               "terminated": terminated, "truncated": not terminated, "outcome_success": success,
+               "outcome_score": None}
+    steps = []
+    for i in range(3):
+        steps.append({"step_idx": i, "obs_text": OBS[i], "action_text": ACTIONS[i],
+                      "result_text": "You see milk." if i == 2 else "", "reward": [None, 1.0, 0.0][i],
+                      "candidates": ["a", "b"] if i == 0 else None, "info": "{}",
+                      "terminated": terminated and i == 2, "truncated": (not terminated) and i == 2})
+    return episode, steps
+
+
+def test_next_state_of_step_is_state_of_next_step():
+    episode, steps = _episode(True)
+    rows = episode_transitions(episode, steps, RewardRecipe(), window=4, max_chars=2000)
+    assert rows[0]["next_state_text"] == rows[1]["state_text"]
+    assert rows[1]["next_state_text"] == rows[2]["state_text"]
+    assert rows[2]["next_state_text"] == (
+        "Task: Find food.\nNow: You see milk.\n> open fridge\n> look -> There is a fridge.\n"
+        "> go east -> You are in the kitchen."
+    )
+
+
+def test_state_text_content():
+    episode, steps = _episode(True)
+    rows = episode_transitions(episode, steps, RewardRecipe(), window=4, max_chars=2000)
+    assert rows[0]["state_text"] == "Task: Find food.\nNow: You are in the hall."
+    assert rows[2]["state_text"] == "Task: Find food.\nNow: There is a fridge.\n> look\n> go east -> You are in the kitchen."
+
+
+def test_steps_are_sorted_by_index():
+    episode, steps = _episode(True)
+    in_order = episode_transitions(episode, steps, RewardRecipe())
+    shuffled = episode_transitions(episode, [steps[2], steps[0], steps[1]], RewardRecipe())
+    assert shuffled == in_order
+    assert [r["step_idx"] for r in shuffled] == [0, 1, 2]
+
+
+def test_rewards_and_return_to_go_terminated_success():
+    episode, steps = _episode(True, True)
+    rows = episode_transitions(episode, steps, RewardRecipe())
+    # step cost 0.1 each; source reward 1.0 on step 1; success 10 on the last step
+    assert [r["reward"] for r in rows] == pytest.approx([-0.1, 0.9, 9.9])
+    assert [r["return_to_go"] for r in rows] == pytest.approx([10.7, 10.8, 9.9])
+    assert rows[2]["reward_components"] == {"step_cost": -0.1, "source": 0.0, "outcome": 10.0}
+
+
+def test_rewards_terminated_failure():
+    episode, steps = _episode(True, False)
+    rows = episode_transitions(episode, steps, RewardRecipe())
+    assert [r["reward"] for r in rows] == pytest.approx([-0.1, 0.9, -2.1])
+    assert [r["return_to_go"] for r in rows] == pytest.approx([-1.3, -1.2, -2.1])
+
+
+def test_rewards_truncated_have_no_outcome():
+    episode, steps = _episode(False, True)
+    rows = episode_transitions(episode, steps, RewardRecipe())
+    assert [r["reward"] for r in rows] == pytest.approx([-0.1, 0.9, -0.1])
+    assert [r["return_to_go"] for r in rows] == pytest.approx([0.7, 0.8, -0.1])
+
+
+def test_done_only_on_last_step_of_terminated_episode():
+    rows = episode_transitions(*_episode(True), RewardRecipe())
+    assert [r["done"] for r in rows] == [False, False, True]
+    assert [r["truncated"] for r in rows] == [False, False, False]
+
+
+def test_truncated_only_on_last_step_of_truncated_episode():
+    rows = episode_transitions(*_episode(False), RewardRecipe())
+    assert [r["done"] for r in rows] == [False, False, False]
+    assert [r["truncated"] for r in rows] == [False, False, True]
+
+
+def test_row_passthrough_fields():
+    rows = episode_transitions(*_episode(True), RewardRecipe())
+    assert [r["action_text"] for r in rows] == ACTIONS
+    assert {(r["episode_id"], r["task_id"], r["group_id"], r["outcome_success"]) for r in rows} == {("e1", "t1", "g1", True)}
+    assert [r["candidates"] for r in rows] == [["a", "b"], None, None]
+
+
+@pytest.mark.parametrize("window, max_chars", [(4, 2000), (1, 2000), (0, 2000), (2, 60)])
+def test_serving_request_reproduces_training_state(window, max_chars):
+    episode, steps = _episode(True)
+    rows = episode_transitions(episode, steps, RewardRecipe(), window=window, max_chars=max_chars)
+    for t in range(len(steps)):
+        request = {
+            "task": episode["task_text"],
+            # what each action returned = what the agent observed next
+            "history": [{"action": ACTIONS[i], "observation": OBS[i + 1]} for i in range(t)],
+            "observation": OBS[t],
+        }
+        assert state_from_request(request, window, max_chars) == rows[t]["state_text"]
