@@ -1,0 +1,141 @@
+"""The whole pipeline on a slice of the sample, on the real stack, then the HTTP API and the CLI
+against the model it registered: local Ray, MiniLM, Ray Train (2 DDP workers), MLflow SQLite
+registry, Ray Serve on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import pytest
+
+from conftest import TEST_EPISODES, TRAIN_EPISODES, free_port
+
+pytestmark = pytest.mark.integration
+MODEL = "it-critic"
+
+
+@pytest.fixture(scope="module")
+def run(ray_local, sample_slice, tmp_path_factory):
+    from harnessrl.config import parse_pipeline
+    from harnessrl.jobs.pipeline import run_pipeline
+
+    cfg = parse_pipeline({
+        "name": "integration",
+        "output_dir": str(tmp_path_factory.mktemp("integration")),
+        "data": {"train": [str(sample_slice["train"])], "heldout": [str(sample_slice["test"])]},
+        "render": {"window": 3, "max_chars": 1500},
+        "encoder": {"batch_size": 32, "max_seq_length": 128},
+        "train": {"steps": 300, "batch_size": 128, "checkpoint_every": 150, "log_every": 50},
+        "registry": {"experiment": "integration", "model_name": MODEL, "alias": "champion"},
+        "evaluate": {"max_heldout_steps": 200},
+        "serve": {"port": free_port(), "smoke_requests": 3},
+    })
+    return run_pipeline(cfg)
+
+
+def test_pipeline_end_to_end(run):
+    assert run["ingest"]["records_in"] == TRAIN_EPISODES == run["ingest"]["episodes"]
+    assert run["transitions"]["transitions"] == run["ingest"]["steps"]
+    assert run["encode"]["rows"] == run["transitions"]["transitions"]
+    assert run["encode"]["texts_distinct"] < run["encode"]["texts_total"]
+    assert run["train"]["steps"] == 300 and np.isfinite(run["train"]["metrics"]["loss_q"])
+    assert run["model"]["name"] == MODEL and run["model"]["version"] == "1"
+    ev = run["evaluate"]
+    assert ev["heldout_episodes"] == TEST_EPISODES and 0 < ev["steps"] <= 200
+    assert 0.0 <= ev["gold_top1"] <= 1.0 and 0.0 < ev["random_top1"] < 1.0
+    served = run["served"]
+    assert len(served) == 3
+    for answer in served:  # answered over HTTP by the registered version
+        assert answer["model"] == {"name": MODEL, "version": "1"}
+        assert len(answer["scores"]) == len(answer["candidates"])
+        assert answer["best_index"] == int(np.argmax(answer["scores"]))
+        assert len(answer["decision_id"]) == 32
+
+
+def test_registry_carries_lineage(run):
+    from harnessrl import registry
+
+    client = registry.client()
+    version = client.get_model_version_by_alias(MODEL, "champion")
+    tags = version.tags
+    for key in ("digest.raw", "digest.transitions", "digest.encoded", "reward_recipe_hash", "encoder",
+                "train_config", "git_sha", "mlflow_run_id", "fallback_threshold"):
+        assert tags.get(key), key
+    assert tags["digest.encoded"] == run["digests"]["encoded"]
+    assert json.loads(tags["encoder"])["model_name"] == "builtin:all-MiniLM-L6-v2"
+    history = client.get_metric_history(run["model"]["run_id"], "train/loss_q")
+    assert [m.step for m in history] == [50, 100, 150, 200, 250, 300]
+    inputs = client.get_run(run["model"]["run_id"]).inputs.dataset_inputs
+    assert {d.dataset.name for d in inputs} >= {"raw", "transitions", "encoded"}
+
+
+@pytest.fixture(scope="module")
+def service(run):
+    from harnessrl.serving import app as serving
+
+    url = serving.start(f"models:/{MODEL}@champion", port=free_port())
+    yield url
+    serving.stop()
+
+
+def test_http_score_matches_python_api(service):
+    from harnessrl import Critic
+
+    state = {"task": "Find the coin and take it.",
+             "history": [{"action": "move north", "observation": "You are in the kitchen. You see a coin."}],
+             "observation": "You are in the kitchen. You see a coin."}
+    candidates = ["take coin", "move south", "inventory"]
+    r = httpx.post(f"{service}/v1/score", json={"agent_id": "a1", "state": state, "candidates": candidates}, timeout=60)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    local = Critic.load(f"models:/{MODEL}@champion").score(state, candidates)
+    assert np.allclose(body["scores"], local, atol=1e-4)
+    assert body["model"]["name"] == MODEL and isinstance(body["fallback"], bool)
+
+
+def test_http_concurrent_requests_are_batched_and_answered(service):
+    payloads = [{"agent_id": f"a{i}", "state": f"Task: t{i}\nNow: room {i}", "candidates": ["go east", f"take item {i}"]}
+                for i in range(24)]
+    with httpx.Client(timeout=120) as http, ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda p: http.post(f"{service}/v1/score", json=p), payloads))
+    assert all(r.status_code == 200 for r in results)
+    assert len({r.json()["decision_id"] for r in results}) == len(payloads)
+
+
+@pytest.mark.parametrize("payload", [
+    {"state": "s", "candidates": []},
+    {"state": "s", "candidates": [f"c{i}" for i in range(257)]},
+    {"candidates": ["a"]},
+    {"state": {"task": "t", "unknown": 1}, "candidates": ["a"]},
+    {"state": "s", "candidates": "not a list"},
+])
+def test_http_rejects_bad_requests_with_422(service, payload):
+    r = httpx.post(f"{service}/v1/score", json=payload, timeout=30)
+    assert r.status_code == 422
+
+
+def test_http_model_and_health(service):
+    assert httpx.get(f"{service}/healthz", timeout=10).json() == {"status": "ok"}
+    info = httpx.get(f"{service}/v1/model", timeout=10).json()
+    assert info["model"] == {"name": MODEL, "version": "1"}
+    assert info["encoder"]["dim"] == 384 and info["fallback_threshold"] is not None
+    assert info["lineage"]["dataset_digests"]["encoded"].startswith("sha256:")
+
+
+def test_cli_score_uses_registered_model(run):
+    out = subprocess.run(
+        [sys.executable, "-m", "harnessrl.cli", "score", "--model", f"{MODEL}@champion",
+         "--state", "Task: find the coin\nNow: You are in the kitchen.", "--candidate", "take coin",
+         "--candidate", "move west"],
+        capture_output=True, text=True, env=os.environ.copy(), timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    body = json.loads(out.stdout)
+    assert len(body["scores"]) == 2 and body["best"] in ("take coin", "move west")
+    assert body["model"] == {"name": MODEL, "version": "1"}
