@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,11 @@ def _log_dataset(name: str, uri: str, digest: str, context: str) -> None:
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
 
-    mlflow.log_input(MetaDataset(source=resolve_dataset_source(uri), name=name, digest=digest[:36]), context=context)
+    with warnings.catch_warnings():  # MLflow registers its local artifact source twice and warns about it
+        warnings.simplefilter("ignore", UserWarning)
+        source = resolve_dataset_source(uri)
+    # The digest is ours, over the whole content (MLflow's own reads the first 10k rows only).
+    mlflow.log_input(MetaDataset(source=source, name=name, digest=digest[:36]), context=context)
 
 
 def _serve_check(cfg: PipelineConfig, model_uri: str, rows: list[dict[str, Any]], critic) -> list[dict[str, Any]]:

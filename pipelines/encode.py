@@ -125,7 +125,7 @@ def encode(transitions_dir: str, out_dir: str, cfg: EncoderConfig) -> EncodeResu
     n_distinct = distinct.count()
     log.info("encode: %d transitions, %d texts, %d distinct; %d encoder actor(s)", rows, 3 * rows, n_distinct, actors)
 
-    threads = max(1, int(round(cfg.cpus_per_actor * 2))) if cfg.gpus_per_actor == 0 else 2
+    threads = max(1, round(cfg.cpus_per_actor)) if cfg.gpus_per_actor == 0 else 2
     emb_dir = storage.join(out_dir, "_texts")
     storage.reset_dir(out_dir)
     distinct.repartition(max(actors * 4, 1)).map_batches(

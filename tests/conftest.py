@@ -13,6 +13,7 @@ import pytest
 
 TRAIN_EPISODES = 40
 TEST_EPISODES = 12
+MODEL = "it-critic"
 
 
 @pytest.fixture(scope="session")
@@ -53,3 +54,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def pipeline_run(ray_local, sample_slice, tmp_path_factory):
+    """The quickstart pipeline on a slice of the sample; its model is registered as MODEL@champion."""
+    from harnessrl.config import parse_pipeline
+    from harnessrl.jobs.pipeline import run_pipeline
+
+    cfg = parse_pipeline({
+        "name": "integration",
+        "output_dir": str(tmp_path_factory.mktemp("integration")),
+        "data": {"train": [str(sample_slice["train"])], "heldout": [str(sample_slice["test"])]},
+        "render": {"window": 3, "max_chars": 1500},
+        "encoder": {"batch_size": 32, "max_seq_length": 128},
+        "train": {"steps": 300, "batch_size": 128, "checkpoint_every": 150, "log_every": 50},
+        "registry": {"experiment": "integration", "model_name": MODEL, "alias": "champion"},
+        "evaluate": {"max_heldout_steps": 200},
+        "serve": {"port": free_port(), "smoke_requests": 3},
+    })
+    return run_pipeline(cfg)

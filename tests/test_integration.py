@@ -14,32 +14,13 @@ import httpx
 import numpy as np
 import pytest
 
-from conftest import TEST_EPISODES, TRAIN_EPISODES, free_port
+from conftest import MODEL, TEST_EPISODES, TRAIN_EPISODES, free_port
 
 pytestmark = pytest.mark.integration
-MODEL = "it-critic"
 
 
-@pytest.fixture(scope="module")
-def run(ray_local, sample_slice, tmp_path_factory):
-    from harnessrl.config import parse_pipeline
-    from harnessrl.jobs.pipeline import run_pipeline
-
-    cfg = parse_pipeline({
-        "name": "integration",
-        "output_dir": str(tmp_path_factory.mktemp("integration")),
-        "data": {"train": [str(sample_slice["train"])], "heldout": [str(sample_slice["test"])]},
-        "render": {"window": 3, "max_chars": 1500},
-        "encoder": {"batch_size": 32, "max_seq_length": 128},
-        "train": {"steps": 300, "batch_size": 128, "checkpoint_every": 150, "log_every": 50},
-        "registry": {"experiment": "integration", "model_name": MODEL, "alias": "champion"},
-        "evaluate": {"max_heldout_steps": 200},
-        "serve": {"port": free_port(), "smoke_requests": 3},
-    })
-    return run_pipeline(cfg)
-
-
-def test_pipeline_end_to_end(run):
+def test_pipeline_end_to_end(pipeline_run):
+    run = pipeline_run
     assert run["ingest"]["records_in"] == TRAIN_EPISODES == run["ingest"]["episodes"]
     assert run["transitions"]["transitions"] == run["ingest"]["steps"]
     assert run["encode"]["rows"] == run["transitions"]["transitions"]
@@ -58,7 +39,8 @@ def test_pipeline_end_to_end(run):
         assert len(answer["decision_id"]) == 32
 
 
-def test_registry_carries_lineage(run):
+def test_registry_carries_lineage(pipeline_run):
+    run = pipeline_run
     from harnessrl import registry
 
     client = registry.client()
@@ -76,7 +58,7 @@ def test_registry_carries_lineage(run):
 
 
 @pytest.fixture(scope="module")
-def service(run):
+def service(pipeline_run):
     from harnessrl.serving import app as serving
 
     url = serving.start(f"models:/{MODEL}@champion", port=free_port())
@@ -128,7 +110,7 @@ def test_http_model_and_health(service):
     assert info["lineage"]["dataset_digests"]["encoded"].startswith("sha256:")
 
 
-def test_cli_score_uses_registered_model(run):
+def test_cli_score_uses_registered_model(pipeline_run):
     out = subprocess.run(
         [sys.executable, "-m", "harnessrl.cli", "score", "--model", f"{MODEL}@champion",
          "--state", "Task: find the coin\nNow: You are in the kitchen.", "--candidate", "take coin",

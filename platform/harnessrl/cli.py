@@ -98,6 +98,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    import signal
     import time
 
     from harnessrl.ray_runtime import init_ray
@@ -105,13 +106,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     uri = model_uri(args.model)
     init_ray(args.address)
-    url = serving.start(uri, args.host, args.port, args.max_batch_size)
-    print(f"serving {uri} at {url}  (POST /v1/score, GET /v1/model, GET /healthz, docs at {url}/docs); Ctrl-C stops",
-          flush=True)
     try:
+        url = serving.start(uri, args.host, args.port, args.max_batch_size)
+        print(f"serving {uri} at {url}  (POST /v1/score, GET /v1/model, GET /healthz, docs at {url}/docs); "
+              "Ctrl-C stops", flush=True)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the shutdown short
+        print("stopping the service", flush=True)
         serving.stop()
     return 0
 
