@@ -68,98 +68,159 @@ def _serve_check(cfg: PipelineConfig, model_uri: str, rows: list[dict[str, Any]]
     return answers
 
 
-def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
+def _digests(out: str, raw_digest: str) -> dict[str, str]:
+    """Our own content digests of every dataset of the run (raw corpus digest given)."""
+    return {
+        "raw": raw_digest,
+        "episodes": lineage.dataset_digest(storage.join(out, "ingest", "episodes"), ["episode_id"]),
+        "steps": lineage.dataset_digest(storage.join(out, "ingest", "steps"), KEYS),
+        "transitions": lineage.dataset_digest(storage.join(out, "transitions"), KEYS),
+        "encoded": lineage.dataset_digest(storage.join(out, "encoded", "data"), KEYS),
+    }
+
+
+def _prepare(cfg: PipelineConfig, out: str, recipe, summary: dict) -> tuple[dict, dict]:
+    """Ingest -> rewards/transitions -> encode; returns (encoder identity, dataset digests)."""
     import mlflow
 
-    from harnessrl.critic import Critic
-    from harnessrl.evaluation import gold_rows, gold_top1
-    from harnessrl.jobs.train import train
     from harnessrl.pipelines.encode import encode
     from harnessrl.pipelines.ingest import ingest
     from harnessrl.pipelines.transitions import build_transitions
 
-    started = time.time()
+    ing = ingest(cfg.data.train, storage.join(out, "ingest"), cfg.data.format)
+    tr = build_transitions(storage.join(out, "ingest"), storage.join(out, "transitions"), recipe, cfg.render)
+    enc = encode(storage.join(out, "transitions"), storage.join(out, "encoded"), cfg.encoder)
+    for name, result in (("ingest", ing), ("transitions", tr), ("encode", enc)):
+        summary[name] = result.summary()
+        mlflow.log_metrics({f"{name}/{k}": v for k, v in result.summary().items() if isinstance(v, (int, float))})
+    digests = _digests(out, ing.raw_digest)
+    _log_dataset("raw", ing.sources[0], digests["raw"], "raw")
+    for name in ("transitions", "encoded"):
+        _log_dataset(name, storage.join(out, name), digests[name], "training" if name == "encoded" else name)
+    summary["digests"] = digests
+    return enc.encoder, digests
+
+
+def _train_and_register(cfg: PipelineConfig, out: str, recipe, encoder: dict, digests: dict, run_id: str,
+                        summary: dict) -> str:
+    """Train on `out/encoded` (Ray Train run named after the MLflow run, so it can be resumed),
+    register the critic with its lineage; returns the model URI."""
+    import mlflow
+
+    from harnessrl.jobs.train import train
+
+    lineage_tags = {
+        "dataset_digests": digests, "reward_recipe": recipe.name, "reward_recipe_hash": recipe.digest(),
+        "git_sha": registry.git_sha(), "mlflow_run_id": run_id, "pipeline": cfg.name,
+    }
+    meta = {"model_name": cfg.registry.model_name, "encoder": encoder, "render": cfg.render.model_dump(),
+            "lineage": lineage_tags, "train_config": cfg.train.model_dump()}
+    model_dir = str(Path(out) / "model") if not storage.is_remote(out) else str(settings.home() / "models" / run_id)
+    trn = train(storage.join(out, "encoded"), storage.join(out, "train"), cfg.train, run_id, model_dir, meta, run_id)
+    summary["train"] = trn.summary()
+    mlflow.log_metrics({"train/seconds": trn.seconds, "train/fallback_threshold": trn.fallback_threshold})
+    tags = {
+        **{f"digest.{k}": v for k, v in digests.items()},
+        "reward_recipe": recipe.name, "reward_recipe_hash": recipe.digest(),
+        "encoder": json.dumps(encoder, sort_keys=True), "train_config": json.dumps(cfg.train.model_dump()),
+        "git_sha": registry.git_sha(), "mlflow_run_id": run_id, "fallback_threshold": f"{trn.fallback_threshold:.6g}",
+    }
+    version = registry.register_critic(model_dir, cfg.registry.model_name, cfg.registry.alias, tags)
+    model_uri = f"models:/{cfg.registry.model_name}@{cfg.registry.alias}"
+    summary["model"] = {"name": cfg.registry.model_name, "version": version, "alias": cfg.registry.alias,
+                        "uri": model_uri, "run_id": run_id, "experiment": cfg.registry.experiment}
+    return model_uri
+
+
+def _evaluate_and_serve(cfg: PipelineConfig, out: str, recipe, model_uri: str, summary: dict) -> None:
+    """Gold-action ranking on held-out episodes, then a few of them scored over HTTP."""
+    import mlflow
+    import pyarrow.dataset as pads
+
+    from harnessrl.critic import Critic
+    from harnessrl.evaluation import gold_rows, gold_top1
+    from harnessrl.pipelines.ingest import ingest
+    from harnessrl.pipelines.transitions import build_transitions
+
+    critic = Critic.load(model_uri)  # through the registry, as a user would
+    held = storage.join(out, "heldout")
+    h_ing = ingest(cfg.data.heldout, storage.join(held, "ingest"), cfg.data.format)
+    build_transitions(storage.join(held, "ingest"), storage.join(held, "transitions"), recipe, cfg.render)
+    fs, path = storage.filesystem(storage.join(held, "transitions"))
+    rows = gold_rows(pads.dataset(path, filesystem=fs, format="parquet").to_table().to_pylist(),
+                     cfg.evaluate.max_heldout_steps)
+    t0 = time.time()
+    figures = gold_top1(critic, rows)
+    figures["ms_per_step"] = 1000 * (time.time() - t0) / max(1, len(rows))
+    figures["heldout_episodes"] = h_ing.episodes
+    summary["evaluate"] = figures
+    mlflow.log_metrics({f"heldout/{k}": v for k, v in figures.items()})
+    if cfg.serve.enabled and cfg.serve.smoke_requests:
+        step = max(1, len(rows) // cfg.serve.smoke_requests)
+        summary["served"] = _serve_check(cfg, model_uri, rows[::step][: cfg.serve.smoke_requests], critic)
+
+
+def _start(cfg: PipelineConfig):
     out = cfg.output_dir or str(settings.runs_dir() / cfg.name)
     recipe = load_recipe(cfg.rewards)
     for sources in (cfg.data.train, cfg.data.heldout):
         storage.expand_sources(sources)  # a missing source fails now, not after minutes of work
     init_ray(cfg.ray_address)
-    experiment_id = registry.ensure_experiment(cfg.registry.experiment)
-    run_name = f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return out, recipe, registry.ensure_experiment(cfg.registry.experiment)
+
+
+def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
+    """Every stage, in one MLflow run; returns the summary the CLI prints."""
+    import mlflow
+
+    started = time.time()
+    out, recipe, experiment_id = _start(cfg)
     summary: dict[str, Any] = {"pipeline": cfg.name, "output_dir": out}
+    run_name = f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     with mlflow.start_run(experiment_id=experiment_id, run_name=run_name) as run:
-        run_id = run.info.run_id
         mlflow.log_params(_flatten("", cfg.model_dump(), {}))
         mlflow.set_tags({"harnessrl.pipeline": cfg.name, "harnessrl.git_sha": registry.git_sha(),
                          "harnessrl.reward_recipe": recipe.digest()})
-
-        ing = ingest(cfg.data.train, storage.join(out, "ingest"), cfg.data.format)
-        summary["ingest"] = ing.summary()
-        mlflow.log_metrics({f"ingest/{k}": v for k, v in ing.summary().items() if isinstance(v, (int, float))})
-        _log_dataset("raw", ing.sources[0], ing.raw_digest, "raw")
-
-        tr = build_transitions(storage.join(out, "ingest"), storage.join(out, "transitions"), recipe, cfg.render)
-        summary["transitions"] = tr.summary()
-        mlflow.log_metrics({f"transitions/{k}": v for k, v in tr.summary().items() if isinstance(v, (int, float))})
-
-        enc = encode(storage.join(out, "transitions"), storage.join(out, "encoded"), cfg.encoder)
-        summary["encode"] = enc.summary()
-        mlflow.log_metrics({f"encode/{k}": v for k, v in enc.summary().items() if isinstance(v, (int, float))})
-
-        digests = {
-            "raw": ing.raw_digest,
-            "episodes": lineage.dataset_digest(storage.join(out, "ingest", "episodes"), ["episode_id"]),
-            "steps": lineage.dataset_digest(storage.join(out, "ingest", "steps"), KEYS),
-            "transitions": lineage.dataset_digest(storage.join(out, "transitions"), KEYS),
-            "encoded": lineage.dataset_digest(storage.join(out, "encoded", "data"), KEYS),
-        }
-        for name in ("transitions", "encoded"):
-            _log_dataset(name, storage.join(out, name), digests[name], "training" if name == "encoded" else name)
-        summary["digests"] = digests
-
-        lineage_tags = {
-            "dataset_digests": digests, "reward_recipe": recipe.name, "reward_recipe_hash": recipe.digest(),
-            "git_sha": registry.git_sha(), "mlflow_run_id": run_id, "pipeline": cfg.name,
-        }
-        meta = {"model_name": cfg.registry.model_name, "encoder": enc.encoder,
-                "render": cfg.render.model_dump(), "lineage": lineage_tags, "train_config": cfg.train.model_dump()}
-        model_dir = str(Path(out) / "model") if not storage.is_remote(out) else str(settings.home() / "models" / run_id)
-        trn = train(storage.join(out, "encoded"), storage.join(out, "train"), cfg.train, run_id, model_dir, meta, run_id)
-        summary["train"] = trn.summary()
-        mlflow.log_metrics({"train/seconds": trn.seconds, "train/fallback_threshold": trn.fallback_threshold})
-
-        tags = {
-            **{f"digest.{k}": v for k, v in digests.items()},
-            "reward_recipe": recipe.name, "reward_recipe_hash": recipe.digest(),
-            "encoder": json.dumps(enc.encoder, sort_keys=True), "train_config": json.dumps(cfg.train.model_dump()),
-            "git_sha": registry.git_sha(), "mlflow_run_id": run_id, "fallback_threshold": f"{trn.fallback_threshold:.6g}",
-        }
-        version = registry.register_critic(model_dir, cfg.registry.model_name, cfg.registry.alias, tags)
-        model_uri = f"models:/{cfg.registry.model_name}@{cfg.registry.alias}"
-        summary["model"] = {"name": cfg.registry.model_name, "version": version, "alias": cfg.registry.alias,
-                            "uri": model_uri, "run_id": run_id, "experiment": cfg.registry.experiment}
-
+        encoder, digests = _prepare(cfg, out, recipe, summary)
+        model_uri = _train_and_register(cfg, out, recipe, encoder, digests, run.info.run_id, summary)
         if cfg.data.heldout:
-            critic = Critic.load(model_uri)  # through the registry, as a user would
-            held = storage.join(out, "heldout")
-            h_ing = ingest(cfg.data.heldout, storage.join(held, "ingest"), cfg.data.format)
-            build_transitions(storage.join(held, "ingest"), storage.join(held, "transitions"), recipe, cfg.render)
-            import pyarrow.dataset as pads
-
-            fs, path = storage.filesystem(storage.join(held, "transitions"))
-            rows = gold_rows(pads.dataset(path, filesystem=fs, format="parquet").to_table().to_pylist(),
-                             cfg.evaluate.max_heldout_steps)
-            t0 = time.time()
-            figures = gold_top1(critic, rows)
-            figures["ms_per_step"] = 1000 * (time.time() - t0) / max(1, len(rows))
-            figures["heldout_episodes"] = h_ing.episodes
-            summary["evaluate"] = figures
-            mlflow.log_metrics({f"heldout/{k}": v for k, v in figures.items()})
-            if cfg.serve.enabled and cfg.serve.smoke_requests:
-                step = max(1, len(rows) // cfg.serve.smoke_requests)
-                picks = rows[::step][: cfg.serve.smoke_requests]
-                summary["served"] = _serve_check(cfg, model_uri, picks, critic)
+            _evaluate_and_serve(cfg, out, recipe, model_uri, summary)
         summary["seconds"] = time.time() - started
         mlflow.log_metric("pipeline/seconds", summary["seconds"])
         mlflow.log_dict(summary, "summary.json")
+    return summary
+
+
+def train_only(cfg: PipelineConfig, resume: str | None = None) -> dict[str, Any]:
+    """Train and register from the pipeline's existing encoded dataset.
+
+    `resume` names an earlier run (its MLflow run id, which is also its Ray Train run name):
+    training continues from that run's last checkpoint up to `train.steps`, and logs into
+    the same MLflow run.
+    """
+    import mlflow
+
+    from harnessrl.errors import DataError
+    from harnessrl.pipelines.encode import read_identity
+
+    started = time.time()
+    out, recipe, experiment_id = _start(cfg)
+    encoded = storage.join(out, "encoded")
+    fs, path = storage.filesystem(storage.join(encoded, "_dataset.json"))
+    if fs.get_file_info(path).type.name == "NotFound":
+        raise DataError(f"no encoded dataset at {encoded}: run `harnessrl run` on this pipeline first")
+    if resume:
+        fs, path = storage.filesystem(storage.join(out, "train", resume))
+        if fs.get_file_info(path).type.name == "NotFound":
+            raise DataError(f"no training run {resume!r} under {storage.join(out, 'train')} to resume")
+    encoder = json.loads(read_identity(encoded).to_json())
+    digests = _digests(out, storage.digest_sources(storage.expand_sources(cfg.data.train)))
+    summary: dict[str, Any] = {"pipeline": cfg.name, "output_dir": out, "resumed": resume}
+    run_args = {"run_id": resume} if resume else {"experiment_id": experiment_id,
+                                                  "run_name": f"{cfg.name}-train-{time.strftime('%Y%m%d-%H%M%S')}"}
+    with mlflow.start_run(**run_args) as run:
+        model_uri = _train_and_register(cfg, out, recipe, encoder, digests, run.info.run_id, summary)
+        if cfg.data.heldout:
+            _evaluate_and_serve(cfg, out, recipe, model_uri, summary)
+    summary["seconds"] = time.time() - started
     return summary

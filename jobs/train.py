@@ -43,17 +43,42 @@ def _matrix(column) -> np.ndarray:
     return arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(len(arr), arr.type.list_size)
 
 
-def load_arrays(batches) -> dict[str, np.ndarray]:
+def _padded(column) -> tuple[np.ndarray, np.ndarray]:
+    """list<fixed_size_list<float>[d]> -> (n, k_max, d) zero-padded float32 and its (n, k_max) mask."""
+    arr = column.combine_chunks()
+    n, d = len(arr), arr.type.value_type.list_size
+    offsets = arr.offsets.to_numpy()
+    lengths = np.diff(offsets)
+    k_max = int(lengths.max()) if n else 0
+    values = arr.values.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, d)
+    values = values[offsets[0]: offsets[-1]]
+    rows = np.repeat(np.arange(n), lengths)
+    cols = np.arange(len(values)) - np.repeat(offsets[:-1] - offsets[0], lengths)
+    out = np.zeros((n, k_max, d), np.float32)
+    mask = np.zeros((n, k_max), bool)
+    out[rows, cols], mask[rows, cols] = values, True
+    return out, mask
+
+
+def load_arrays(batches, candidates: bool = True) -> dict[str, np.ndarray]:
     """Concatenate pyarrow batches of encoded transitions into the arrays training needs."""
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in ARRAY_COLUMNS}
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in (*ARRAY_COLUMNS, "cand", "cand_mask")}
     for b in batches:
+        if candidates and "candidate_emb" in b.column_names:
+            cand, mask = _padded(b.column("candidate_emb"))
+            parts["cand"].append(cand)
+            parts["cand_mask"].append(mask)
         for k in ("state_emb", "action_emb", "next_state_emb"):
             parts[k].append(_matrix(b.column(k)))
         parts["reward"].append(b.column("reward").to_numpy(zero_copy_only=False).astype(np.float32))
         parts["done"].append(b.column("done").to_numpy(zero_copy_only=False).astype(np.float32))
         parts["outcome_success"].append(
             np.array([bool(x) for x in b.column("outcome_success").to_pylist()], dtype=bool))
-    return {k: np.concatenate(v) if v else np.zeros((0,), np.float32) for k, v in parts.items()}
+    if parts["cand"]:  # batches pad to their own k_max: pad to the largest
+        k = max(c.shape[1] for c in parts["cand"])
+        parts["cand"] = [np.pad(c, ((0, 0), (0, k - c.shape[1]), (0, 0))) for c in parts["cand"]]
+        parts["cand_mask"] = [np.pad(m, ((0, 0), (0, k - m.shape[1]))) for m in parts["cand_mask"]]
+    return {k: np.concatenate(v) for k, v in parts.items() if v}
 
 
 def _train_loop(config: dict[str, Any]) -> None:
@@ -74,6 +99,9 @@ def _train_loop(config: dict[str, Any]) -> None:
         raise RuntimeError(f"worker {rank} got an empty shard")
     t = {k: torch.from_numpy(data[k]) for k in ("state_emb", "action_emb", "next_state_emb", "reward", "done")}
     t["reward"] = t["reward"] * config["reward_scale"]
+    use_cand = config["iql"]["alpha"] > 0 and "cand" in data and data["cand"].shape[1] > 0
+    if use_cand:
+        t["cand"], t["cand_mask"] = torch.from_numpy(data["cand"]), torch.from_numpy(data["cand_mask"])
 
     cfg = IQLConfig(**config["iql"])
     learner = IQLLearner(cfg, prepare_model(IQLNetwork(cfg)) if world > 1 else IQLNetwork(cfg))
@@ -91,14 +119,21 @@ def _train_loop(config: dict[str, Any]) -> None:
     gen = torch.Generator().manual_seed(config["seed"] * 1000 + rank + start)
     per_worker = max(1, config["batch_size"] // world)
     window: list[dict[str, float]] = []
+    window_start = time.time()
     for step in range(start + 1, config["steps"] + 1):
         idx = torch.randint(n, (per_worker,), generator=gen)
+        cand = cand_mask = None
+        if use_cand:  # a few untaken candidates per state keep the penalty's cost bounded
+            cols = torch.randperm(t["cand"].shape[1], generator=gen)[: config["candidates_per_step"]]
+            cand, cand_mask = t["cand"][idx][:, cols], t["cand_mask"][idx][:, cols]
         window.append(learner.update(t["state_emb"][idx], t["action_emb"][idx], t["reward"][idx],
-                                     t["next_state_emb"][idx], t["done"][idx]))
+                                     t["next_state_emb"][idx], t["done"][idx], cand, cand_mask))
         last = step == config["steps"]
         if step % config["log_every"] == 0 or last:
             metrics = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
-            window = []
+            metrics["q_abs_max"] = float(max(m["q_abs_max"] for m in window))
+            metrics["steps_per_s"] = len(window) / max(time.time() - window_start, 1e-9)
+            window, window_start = [], time.time()
             if mlflow_client:
                 from mlflow.entities import Metric
 
@@ -109,9 +144,10 @@ def _train_loop(config: dict[str, Any]) -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 ckpt = None
                 if rank == 0:
-                    save_training_state(tmp, learner.core, learner.target_q, learner.opt, step, {"iql": cfg.to_dict()})
+                    save_training_state(tmp, learner.core, learner.target_q, learner.opt, step,
+                                        {"iql": cfg.to_dict(), "reward_scale": config["reward_scale"]})
                     ckpt = ray.train.Checkpoint.from_directory(tmp)
-                ray.train.report({"step": step, **metrics}, checkpoint=ckpt)
+                ray.train.report({"step": step, "resumed_from_step": start, **metrics}, checkpoint=ckpt)
 
 
 def reward_scale_for(returns: np.ndarray) -> float:
@@ -156,17 +192,18 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
     start = time.time()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     ds = ray.data.read_parquet(storage.join(encoded_dir, "data")).materialize()  # see the 2-CPU deadlock note
-    data = load_arrays(ds.iter_batches(batch_size=8192, batch_format="pyarrow"))
+    data = load_arrays(ds.iter_batches(batch_size=8192, batch_format="pyarrow"), candidates=False)
     returns = ds.select_columns(["return_to_go"]).to_pandas()["return_to_go"].to_numpy()
     scale = reward_scale_for(returns)
     dim = int(meta["encoder"]["dim"])
     iql = IQLConfig(state_dim=dim, action_dim=dim, hidden_dim=cfg.hidden_dim, gamma=cfg.gamma,
-                    expectile=cfg.expectile, polyak=cfg.polyak, lr=cfg.lr)
+                    expectile=cfg.expectile, polyak=cfg.polyak, lr=cfg.lr, alpha=cfg.alpha)
     use_gpu = cfg.gpus_per_worker > 0
     resources = {"CPU": cfg.cpus_per_worker, **({"GPU": cfg.gpus_per_worker} if use_gpu else {})}
     loop_config = {
         "iql": iql.to_dict(), "steps": cfg.steps, "batch_size": cfg.batch_size, "seed": cfg.seed,
         "log_every": cfg.log_every, "checkpoint_every": cfg.checkpoint_every, "reward_scale": scale,
+        "candidates_per_step": cfg.candidates_per_step,
         "threads": max(1, int(round(cfg.cpus_per_worker))), "mlflow_run_id": mlflow_run_id,
         "tracking_uri": settings.tracking_uri(),
     }
@@ -179,7 +216,7 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
         run_config=RunConfig(
             name=run_name, storage_path=storage_dir,
             checkpoint_config=CheckpointConfig(num_to_keep=2),
-            failure_config=FailureConfig(max_failures=1),
+            failure_config=FailureConfig(max_failures=cfg.max_failures),
         ),
         datasets={"train": ds},
     )

@@ -18,6 +18,7 @@ import pyarrow as pa
 from harnessrl import schemas, storage
 from harnessrl.config import EncoderConfig
 from harnessrl.encoders import EncoderIdentity, load_encoder, text_hash
+from harnessrl.ray_runtime import shuffle_partitions
 
 log = logging.getLogger(__name__)
 DATASET_META = "_dataset.json"
@@ -38,12 +39,30 @@ class EncodeResult:
         return asdict(self)
 
 
-def _texts(batch: pa.Table) -> pa.Table:
+def untaken_candidates(action: str, candidates: list[str] | None, limit: int) -> list[str]:
+    """The step's alternatives to the taken action, at most `limit`, chosen by content hash
+    (a stable, order-independent sample when a step offers more)."""
+    others = {c for c in candidates or () if c != action}
+    return sorted(others, key=text_hash)[:limit]
+
+
+def _texts(batch: pa.Table, max_candidates: int) -> pa.Table:
     seen: dict[str, str] = {}
     for col in TEXT_COLUMNS:
         for text in batch.column(col).to_pylist():
             seen.setdefault(text_hash(text), text)
+    if max_candidates:
+        actions = batch.column("action_text").to_pylist()
+        for action, cands in zip(actions, batch.column("candidates").to_pylist()):
+            for text in untaken_candidates(action, cands, max_candidates):
+                seen.setdefault(text_hash(text), text)
     return pa.table({"text_hash": list(seen), "text": list(seen.values())})
+
+
+def _count_texts(batch: pa.Table, max_candidates: int) -> pa.Table:
+    n = [3 + len(untaken_candidates(a, c, max_candidates)) if max_candidates else 3
+         for a, c in zip(batch.column("action_text").to_pylist(), batch.column("candidates").to_pylist())]
+    return pa.table({"n": pa.array(n, pa.int64())})
 
 
 def _first(group: pa.Table) -> pa.Table:
@@ -78,9 +97,11 @@ class _Encoder:
 
 
 class _Attach:
-    """Joins embeddings back onto transitions by text hash (the table is loaded once per actor)."""
+    """Joins embeddings back onto transitions by text hash (the table is loaded once per actor);
+    `candidate_emb` holds the untaken candidates' embeddings, a list per row."""
 
-    def __init__(self, emb_dir: str):
+    def __init__(self, emb_dir: str, max_candidates: int):
+        self.max_candidates = max_candidates
         import pyarrow.dataset as pads
 
         fs, path = storage.filesystem(emb_dir)
@@ -92,7 +113,12 @@ class _Attach:
         for text_col, emb_col in schemas.EMBEDDING_COLUMNS.items():
             idx = pa.array([self.index[text_hash(t)] for t in batch.column(text_col).to_pylist()], pa.int64())
             batch = batch.append_column(emb_col, self.matrix.take(idx))
-        return batch
+        offsets, flat = [0], []
+        for action, cands in zip(batch.column("action_text").to_pylist(), batch.column("candidates").to_pylist()):
+            flat.extend(self.index[text_hash(c)] for c in untaken_candidates(action, cands, self.max_candidates))
+            offsets.append(len(flat))
+        values = self.matrix.take(pa.array(flat, pa.int64()))
+        return batch.append_column("candidate_emb", pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values))
 
 
 def pool_size(cfg: EncoderConfig) -> int:
@@ -120,10 +146,15 @@ def encode(transitions_dir: str, out_dir: str, cfg: EncoderConfig) -> EncodeResu
     actors = pool_size(cfg)
     transitions = ray.data.read_parquet(transitions_dir)
     rows = transitions.count()
-    texts = transitions.select_columns(TEXT_COLUMNS).map_batches(_texts, batch_format="pyarrow")
-    distinct = texts.groupby("text_hash").map_groups(_first, batch_format="pyarrow").materialize()
+    texts_total = transitions.select_columns(["action_text", "candidates"]).map_batches(
+        _count_texts, batch_format="pyarrow", fn_kwargs={"max_candidates": cfg.max_candidates}).sum("n")
+    texts = transitions.select_columns([*TEXT_COLUMNS, "candidates"]).map_batches(
+        _texts, batch_format="pyarrow", fn_kwargs={"max_candidates": cfg.max_candidates})
+    distinct = texts.groupby("text_hash", num_partitions=shuffle_partitions()).map_groups(
+        _first, batch_format="pyarrow").materialize()
     n_distinct = distinct.count()
-    log.info("encode: %d transitions, %d texts, %d distinct; %d encoder actor(s)", rows, 3 * rows, n_distinct, actors)
+    log.info("encode: %d transitions, %d distinct texts (states, actions, next states, up to %d untaken "
+             "candidates per step); %d encoder actor(s)", rows, n_distinct, cfg.max_candidates, actors)
 
     threads = max(1, round(cfg.cpus_per_actor)) if cfg.gpus_per_actor == 0 else 2
     emb_dir = storage.join(out_dir, "_texts")
@@ -143,7 +174,7 @@ def encode(transitions_dir: str, out_dir: str, cfg: EncoderConfig) -> EncodeResu
         raise RuntimeError(f"encoder actors disagree on the encoder identity: {identities}")
     identity = EncoderIdentity.from_json(str(identities[0]))
     transitions.map_batches(
-        _Attach, fn_constructor_kwargs={"emb_dir": emb_dir}, batch_format="pyarrow",
+        _Attach, fn_constructor_kwargs={"emb_dir": emb_dir, "max_candidates": cfg.max_candidates}, batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=1), num_cpus=0.25,
     ).write_parquet(storage.join(out_dir, "data"), compression="zstd")
 
@@ -152,7 +183,7 @@ def encode(transitions_dir: str, out_dir: str, cfg: EncoderConfig) -> EncodeResu
     fs, path = storage.filesystem(storage.join(out_dir, DATASET_META))
     with fs.open_output_stream(path) as fh:
         fh.write(json.dumps(meta, indent=2, sort_keys=True).encode())
-    result = EncodeResult(out_dir, rows, 3 * rows, n_distinct, actors, time.time() - start, meta["encoder"])
+    result = EncodeResult(out_dir, rows, texts_total, n_distinct, actors, time.time() - start, meta["encoder"])
     log.info("encode: %d distinct texts in %.1f s (%.0f texts/s end to end)", n_distinct, result.seconds,
              n_distinct / max(result.seconds, 1e-9))
     return result

@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 from harnessrl import schemas, storage
 from harnessrl.config import RenderConfig
 from harnessrl.errors import DataError
+from harnessrl.ray_runtime import shuffle_partitions
 from harnessrl.rewards import RewardRecipe
 from harnessrl.transitions import episode_transitions
 
@@ -56,7 +57,7 @@ def build_transitions(ingest_dir: str, out_dir: str, recipe: RewardRecipe, rende
     episodes = {e["episode_id"]: e for e in episodes_tbl.to_pylist()}
     steps = ray.data.read_parquet(storage.join(ingest_dir, "steps"))
     storage.reset_dir(out_dir)
-    transitions = steps.groupby("episode_id").map_groups(
+    transitions = steps.groupby("episode_id", num_partitions=shuffle_partitions()).map_groups(
         _build, batch_format="pyarrow", fn_kwargs={"episodes": episodes, "recipe": recipe, "render": render}
     ).materialize()
     transitions.write_parquet(out_dir, compression="zstd")

@@ -10,6 +10,8 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
+import yaml
+import pyarrow.dataset as pads
 
 TRAIN_EPISODES = 40
 TEST_EPISODES = 12
@@ -62,7 +64,7 @@ def pipeline_run(ray_local, sample_slice, tmp_path_factory):
     from harnessrl.config import parse_pipeline
     from harnessrl.jobs.pipeline import run_pipeline
 
-    cfg = parse_pipeline({
+    raw = {
         "name": "integration",
         "output_dir": str(tmp_path_factory.mktemp("integration")),
         "data": {"train": [str(sample_slice["train"])], "heldout": [str(sample_slice["test"])]},
@@ -72,5 +74,62 @@ def pipeline_run(ray_local, sample_slice, tmp_path_factory):
         "registry": {"experiment": "integration", "model_name": MODEL, "alias": "champion"},
         "evaluate": {"max_heldout_steps": 200},
         "serve": {"port": free_port(), "smoke_requests": 3},
-    })
-    return run_pipeline(cfg)
+    }
+    summary = run_pipeline(parse_pipeline(raw))
+    # The same pipeline as a YAML file, for tests that drive the CLI against this run.
+    summary["pipeline_yaml"] = Path(raw["output_dir"]) / "pipeline.yaml"
+    summary["pipeline_yaml"].write_text(yaml.safe_dump(raw))
+    return summary
+
+
+def table(path: Path):
+    return pads.dataset(str(path), format="parquet").to_table()
+
+
+BROKEN = [
+    b"{not json",
+    b'{"steps": [{"action": "x"}]}',
+    b'{"episode_id": "bad-utf8", "steps": [{"action": "\xff\xfe"}]}',
+    b'{"episode_id": "empty", "steps": []}',
+    b'{"episode_id": "no-action", "steps": [{"observation": "o"}]}',
+    b"[1, 2, 3]",
+]
+
+
+@pytest.fixture(scope="session")
+def work(tmp_path_factory, sample_slice):
+    """Sources for the stage chain: the sample slice plus one broken record of each kind."""
+    d = tmp_path_factory.mktemp("stages")
+    broken = d / "broken.jsonl"
+    # One broken line of each kind, plus a duplicate of the sample's first episode.
+    first = sample_slice["train"].read_bytes().splitlines()[0]
+    broken.write_bytes(b"\n".join([*BROKEN, first]) + b"\n")
+    return {"dir": d, "sources": [str(sample_slice["train"]), str(broken)]}
+
+
+@pytest.fixture(scope="session")
+def ingested(ray_local, work):
+    from harnessrl.pipelines.ingest import ingest
+
+    return ingest(work["sources"], str(work["dir"] / "ingest"))
+
+
+@pytest.fixture(scope="session")
+def transitions(ingested, work):
+    from harnessrl.config import RenderConfig
+    from harnessrl.pipelines.transitions import build_transitions
+    from harnessrl.rewards import load_recipe
+
+    return build_transitions(str(work["dir"] / "ingest"), str(work["dir"] / "transitions"), load_recipe("default"),
+                             RenderConfig(window=3, max_chars=1500))
+
+
+@pytest.fixture(scope="session")
+def encoded(transitions, work):
+    from harnessrl.config import EncoderConfig
+    from harnessrl.pipelines.encode import encode
+
+    return encode(str(work["dir"] / "transitions"), str(work["dir"] / "encoded"),
+                  EncoderConfig(batch_size=32, max_seq_length=128))
+
+

@@ -118,3 +118,10 @@ def test_missing_required_data_is_config_error(tmp_path):
     path.write_text("name: x\n")
     with pytest.raises(ConfigError, match="data"):
         load_pipeline(path)
+
+
+@pytest.mark.parametrize("key,value", [("registry.alias", "a0.3"), ("registry.alias", "has space"),
+                                       ("registry.model_name", "bad/name")])
+def test_registry_names_are_validated_before_any_work(key, value):
+    with pytest.raises(ConfigError, match=key):
+        load_pipeline(QUICKSTART, [f"{key}={value}"])

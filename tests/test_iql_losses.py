@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import copy
 
 import pytest
@@ -114,7 +115,7 @@ def test_update_reduces_loss_on_fixed_batch():
     first = learner.update(*batch)
     for _ in range(200):
         last = learner.update(*batch)
-    assert set(first) == {"loss_q", "loss_v", "q_mean", "v_mean", "adv_mean"}
+    assert set(first) == {"loss_q", "loss_v", "td_error", "q_mean", "q_abs_max", "v_mean", "adv_mean", "adv_std"}
     assert last["loss_q"] < 0.25 * first["loss_q"]
     assert last["loss_q"] + last["loss_v"] < first["loss_q"] + first["loss_v"]
 
@@ -166,3 +167,47 @@ def test_one_step_bandit_recovers_rewards_and_expectile():
     assert 0.0 < v < 1.0
     # the 0.9-expectile m of {1, 0, -1}: 0.9 (1 - m) = 0.1 ((m - 0) + (m + 1))  ->  m = 8/11
     assert v == pytest.approx(8 / 11, abs=0.05)
+
+
+# ---- candidate-set penalty ----------------------------------------------------------------------
+def test_candidate_penalty_hand_computed():
+    from harnessrl.algorithms.iql import candidate_penalty
+
+    q_taken = torch.tensor([1.0, 0.0])
+    q_cand = torch.tensor([[0.0, 5.0], [math.log(3.0), 0.0]])
+    mask = torch.tensor([[True, False], [True, True]])
+    # row 0: logsumexp(1, 0) - 1 = log(e + 1) - 1 ; row 1: logsumexp(0, log 3, 0) - 0 = log(5)
+    expected = ((math.log(math.e + 1) - 1) + math.log(5.0)) / 2
+    assert candidate_penalty(q_cand, mask, q_taken).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_candidate_penalty_without_candidates_is_zero():
+    from harnessrl.algorithms.iql import candidate_penalty
+
+    q_taken = torch.tensor([2.0, -1.0])
+    out = candidate_penalty(torch.zeros(2, 3), torch.zeros(2, 3, dtype=torch.bool), q_taken)
+    assert out.item() == pytest.approx(0.0, abs=1e-7)
+
+
+def test_penalty_keeps_untaken_candidates_below_taken_action():
+    """One state, the logged action always taken (reward 0, terminal); two candidates never taken."""
+    torch.manual_seed(0)
+    d = 8
+    s = torch.randn(1, d).repeat(64, 1)
+    a = torch.randn(1, d).repeat(64, 1)
+    cand = torch.randn(1, 2, d).repeat(64, 1, 1)
+    mask = torch.ones(64, 2, dtype=torch.bool)
+    r, done = torch.zeros(64), torch.ones(64)
+
+    def gap(alpha: float) -> float:
+        torch.manual_seed(1)
+        learner = IQLLearner(IQLConfig(state_dim=d, action_dim=d, hidden_dim=32, lr=3e-3, polyak=0.05, alpha=alpha))
+        for _ in range(300):
+            m = learner.update(s, a, r, s, done, cand, mask)
+        with torch.no_grad():
+            q_taken = learner.core.q.min_q(s[:1], a[:1]).item()
+            q_cand = learner.core.q.min_q(s[:2], cand[0]).max().item()
+        assert "cand_penalty" in m if alpha else "cand_penalty" not in m
+        return q_taken - q_cand
+
+    assert gap(alpha=1.0) > 0.5  # untaken candidates pushed clearly below the taken action

@@ -1,67 +1,21 @@
 """Each pipeline stage on the real stack: local Ray, the real MiniLM encoder, Ray Train, MLflow (SQLite).
 
-The stages are chained through module-scoped fixtures on a slice of the bundled sample plus
-a file of deliberately broken records.
+The stages are chained through session-scoped fixtures on a slice of the bundled sample plus
+a file of deliberately broken records (fixtures in conftest, shared with other modules).
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
-import pyarrow.dataset as pads
 import pytest
 
-from harnessrl.config import EncoderConfig, RenderConfig, TrainConfig
+from conftest import BROKEN
+from conftest import table as _table
+from harnessrl.config import TrainConfig
 from harnessrl.encoders import load_encoder, text_hash
 from harnessrl.rewards import load_recipe
-
-BROKEN = [
-    b"{not json",
-    b'{"steps": [{"action": "x"}]}',
-    b'{"episode_id": "bad-utf8", "steps": [{"action": "\xff\xfe"}]}',
-    b'{"episode_id": "empty", "steps": []}',
-    b'{"episode_id": "no-action", "steps": [{"observation": "o"}]}',
-    b"[1, 2, 3]",
-]
-
-
-def _table(path: Path):
-    return pads.dataset(str(path), format="parquet").to_table()
-
-
-@pytest.fixture(scope="module")
-def work(tmp_path_factory, sample_slice):
-    d = tmp_path_factory.mktemp("stages")
-    broken = d / "broken.jsonl"
-    # One broken line of each kind, plus a duplicate of the sample's first episode.
-    first = sample_slice["train"].read_bytes().splitlines()[0]
-    broken.write_bytes(b"\n".join([*BROKEN, first]) + b"\n")
-    return {"dir": d, "sources": [str(sample_slice["train"]), str(broken)]}
-
-
-@pytest.fixture(scope="module")
-def ingested(ray_local, work):
-    from harnessrl.pipelines.ingest import ingest
-
-    return ingest(work["sources"], str(work["dir"] / "ingest"))
-
-
-@pytest.fixture(scope="module")
-def transitions(ingested, work):
-    from harnessrl.pipelines.transitions import build_transitions
-
-    return build_transitions(str(work["dir"] / "ingest"), str(work["dir"] / "transitions"), load_recipe("default"),
-                             RenderConfig(window=3, max_chars=1500))
-
-
-@pytest.fixture(scope="module")
-def encoded(transitions, work):
-    from harnessrl.pipelines.encode import encode
-
-    return encode(str(work["dir"] / "transitions"), str(work["dir"] / "encoded"),
-                  EncoderConfig(batch_size=32, max_seq_length=128))
 
 
 def test_ingest_accounts_for_every_record(ingested, work, sample_slice):
@@ -105,7 +59,11 @@ def test_encode_once_per_distinct_text(encoded, work):
 
     rows = _table(work["dir"] / "encoded" / "data")
     texts = _table(work["dir"] / "encoded" / "_texts")
+    from harnessrl.pipelines.encode import untaken_candidates
+
     distinct = {text_hash(t) for c in ("state_text", "action_text", "next_state_text") for t in rows.column(c).to_pylist()}
+    distinct |= {text_hash(t) for a, cands in zip(rows.column("action_text").to_pylist(), rows.column("candidates").to_pylist())
+                 for t in untaken_candidates(a, cands, 16)}
     assert encoded.texts_distinct == len(distinct) == texts.num_rows
     assert len(set(texts.column("text_hash").to_pylist())) == texts.num_rows  # each encoded exactly once
     assert str(rows.schema.field("state_emb").type) == "fixed_size_list<element: float>[384]"
@@ -117,15 +75,24 @@ def test_encode_once_per_distinct_text(encoded, work):
     stored = np.array([r["state_emb"] for r in sample] + [r["action_emb"] for r in sample], dtype=np.float32)
     assert np.allclose(direct, stored, atol=1e-4)
 
+    # Untaken candidates: embedded per row, never the taken action, capped at max_candidates (16).
+    for r in sample:
+        expected = untaken_candidates(r["action_text"], r["candidates"], 16)
+        assert r["action_text"] not in expected and len(r["candidate_emb"]) == len(expected) <= 16
+        if expected:
+            assert np.allclose(model.encode(expected), np.array(r["candidate_emb"], np.float32), atol=1e-4)
+
 
 def test_train_checkpoints_and_scores(encoded, work):
     from harnessrl import Critic
     from harnessrl.jobs.train import train
 
     meta = {"encoder": encoded.encoder, "render": {"window": 3, "max_chars": 1500}}
-    cfg = TrainConfig(steps=60, batch_size=64, num_workers=2, cpus_per_worker=0.5, checkpoint_every=30, log_every=20)
+    cfg = TrainConfig(steps=60, batch_size=64, num_workers=2, cpus_per_worker=0.5, checkpoint_every=30, log_every=20,
+                      alpha=0.5)
     result = train(str(work["dir"] / "encoded"), str(work["dir"] / "train"), cfg, "stage-test", str(work["dir"] / "model"), meta)
     assert result.steps == 60 and np.isfinite(result.metrics["loss_q"]) and result.metrics["step"] == 60
+    assert result.metrics["cand_penalty"] > 0 and result.metrics["steps_per_s"] > 0
     checkpoints = sorted(p for p in (work["dir"] / "train" / "stage-test").glob("checkpoint_*") if p.is_dir())
     assert len(checkpoints) == 2 and all((c / "state.safetensors").is_file() for c in checkpoints)
     saved = json.loads((work["dir"] / "model" / "critic.json").read_text())

@@ -97,6 +97,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from harnessrl.config import load_pipeline
+    from harnessrl.jobs.pipeline import train_only
+
+    cfg = load_pipeline(args.pipeline, args.set)
+    if args.address:
+        cfg.ray_address = args.address
+    s = train_only(cfg, args.resume)
+    trn, m = s["train"], s["model"]
+    print(json.dumps({"run_id": m["run_id"], "resumed": s["resumed"], "steps": trn["steps"],
+                      "resumed_from_step": trn["metrics"].get("resumed_from_step"),
+                      "metrics": trn["metrics"], "model": m, "evaluate": s.get("evaluate")}, indent=2))
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import signal
     import time
@@ -149,6 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a local Ray)")
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
     run.set_defaults(fn=cmd_run)
+
+    tr = sub.add_parser("train", help="train and register from a pipeline's encoded data (optionally resume a run)")
+    tr.add_argument("pipeline")
+    tr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+    tr.add_argument("--resume", metavar="RUN", help="continue this run (MLflow run id) from its last checkpoint")
+    tr.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a local Ray)")
+    tr.set_defaults(fn=cmd_train)
 
     serve = sub.add_parser("serve", help="serve a critic over HTTP with Ray Serve")
     serve.add_argument("--model", required=True, help="NAME@ALIAS, NAME/VERSION, models:/... or a critic folder")

