@@ -97,7 +97,7 @@ def behaviour(s: int, rng: random.Random, p_fixed: float = 0.5) -> int:
     return rng.choice([a for a in ACTIONS if a != FORBIDDEN[s]])
 
 
-def log_episodes(n: int, seed: int, max_steps: int = 25) -> list[bytes]:
+def log_episodes(n: int, seed: int, max_steps: int = 25, random_start: bool = True) -> list[bytes]:
     """`n` episodes of the behaviour policy as native JSONL lines.
 
     Every step logs all four actions as `candidates` and, as `result`, the observation it led
@@ -108,7 +108,8 @@ def log_episodes(n: int, seed: int, max_steps: int = 25) -> list[bytes]:
     rng = random.Random(seed)
     lines = []
     for i in range(n):
-        s, steps, success, done = START, [], False, False
+        s = rng.choice(NON_TERMINAL) if random_start else START
+        steps, success, done = [], False, False
         while not done and len(steps) < max_steps:
             a = behaviour(s, rng)
             s2, reward, done = step(s, a)

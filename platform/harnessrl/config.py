@@ -53,7 +53,7 @@ class TrainConfig(_Strict):
     gamma: float = Field(0.95, gt=0, le=1)
     expectile: float = Field(0.7, gt=0, lt=1)
     polyak: float = Field(0.005, gt=0, le=1)
-    alpha: float = Field(1.0, ge=0, description="candidate-set penalty weight (0: plain IQL)")
+    alpha: float = Field(0.3, ge=0, description="candidate-set penalty weight (0: plain IQL)")
     candidates_per_step: int = Field(4, ge=1, description="untaken candidates per state in each penalty batch")
     num_workers: int = Field(2, ge=1)
     cpus_per_worker: float = Field(0.5, gt=0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 
 from harnessrl.settings import apply_offline_env
 
@@ -41,6 +42,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         ray.init(
             include_dashboard=True,
             dashboard_host="127.0.0.1",
+            dashboard_port=_free_port(8265),  # two local instances (say, serve + run) must not collide
             num_cpus=num_cpus,
             _node_ip_address="127.0.0.1",
             **kwargs,
@@ -52,6 +54,18 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     ctx = DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
+
+
+def _free_port(preferred: int) -> int:
+    """`preferred` when it is free on loopback, else any free port."""
+    for port in (preferred, 0):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+                return sock.getsockname()[1]
+            except OSError:
+                continue
+    raise RuntimeError("no free port on 127.0.0.1")
 
 
 def shutdown_ray() -> None:
