@@ -52,6 +52,17 @@ def sample_slice(tmp_path_factory) -> dict[str, Path]:
             "test": _slice("twx_test", TEST_EPISODES, d / "test.jsonl")}
 
 
+@pytest.fixture
+def torch_one_thread():
+    """Tiny tensors: one thread is fastest; a second one only spins on a shared 2-core machine."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -18,12 +18,7 @@ from harnessrl.training_state import load_network_weights, load_training_state, 
 CFG = IQLConfig(state_dim=4, action_dim=4, hidden_dim=8, lr=1e-2)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def _batch(seed=0, n=8, d=4):
