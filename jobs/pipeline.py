@@ -109,9 +109,10 @@ def _train_and_register(cfg: PipelineConfig, out: str, recipe, encoder: dict, di
 
     from harnessrl.jobs.train import train
 
+    sha = registry.git_sha()
     lineage_tags = {
         "dataset_digests": digests, "reward_recipe": recipe.name, "reward_recipe_hash": recipe.digest(),
-        "git_sha": registry.git_sha(), "mlflow_run_id": run_id, "pipeline": cfg.name,
+        "git_sha": sha, "mlflow_run_id": run_id, "pipeline": cfg.name,
     }
     meta = {"model_name": cfg.registry.model_name, "encoder": encoder, "render": cfg.render.model_dump(),
             "lineage": lineage_tags, "train_config": cfg.train.model_dump()}
@@ -123,7 +124,7 @@ def _train_and_register(cfg: PipelineConfig, out: str, recipe, encoder: dict, di
         **{f"digest.{k}": v for k, v in digests.items()},
         "reward_recipe": recipe.name, "reward_recipe_hash": recipe.digest(),
         "encoder": json.dumps(encoder, sort_keys=True), "train_config": json.dumps(cfg.train.model_dump()),
-        "git_sha": registry.git_sha(), "mlflow_run_id": run_id, "fallback_threshold": f"{trn.fallback_threshold:.6g}",
+        "git_sha": sha, "mlflow_run_id": run_id, "fallback_threshold": f"{trn.fallback_threshold:.6g}",
     }
     version = registry.register_critic(model_dir, cfg.registry.model_name, cfg.registry.alias, tags)
     model_uri = f"models:/{cfg.registry.model_name}@{cfg.registry.alias}"
