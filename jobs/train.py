@@ -15,8 +15,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from harnessrl.config import TrainConfig
+from harnessrl.features import FEATURE_NAMES, tool_ids
 
 log = logging.getLogger(__name__)
 ARRAY_COLUMNS = ("state_emb", "action_emb", "next_state_emb", "reward", "done", "outcome_success")
@@ -42,10 +44,13 @@ def _matrix(column) -> np.ndarray:
     return arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(len(arr), arr.type.list_size)
 
 
-def _padded(column) -> tuple[np.ndarray, np.ndarray]:
-    """list<fixed_size_list<float>[d]> -> (n, k_max, d) zero-padded float32 and its (n, k_max) mask."""
+def _padded(column, width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """list<list<float>[d]> -> (n, k_max, d) zero-padded float32 and its (n, k_max) mask.
+
+    The inner lists are fixed-size embeddings, or variable lists of `width` features."""
     arr = column.combine_chunks()
-    n, d = len(arr), arr.type.value_type.list_size
+    inner = arr.type.value_type
+    n, d = len(arr), (inner.list_size if pa.types.is_fixed_size_list(inner) else width)
     offsets = arr.offsets.to_numpy()
     lengths = np.diff(offsets)
     k_max = int(lengths.max()) if n else 0
@@ -59,56 +64,112 @@ def _padded(column) -> tuple[np.ndarray, np.ndarray]:
     return out, mask
 
 
+def _features(column) -> np.ndarray:
+    """list<float> with one fixed length per table -> (n, F) float32."""
+    arr = column.combine_chunks()
+    flat = arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
+    return flat.reshape(len(arr), -1) if len(arr) else flat.reshape(0, len(FEATURE_NAMES))
+
+
+def _pad_to(parts: list[np.ndarray], k: int) -> list[np.ndarray]:
+    return [np.pad(x, ((0, 0), (0, k - x.shape[1])) + ((0, 0),) * (x.ndim - 2)) for x in parts]
+
+
 def load_arrays(batches, candidates: bool = True) -> dict[str, np.ndarray]:
     """Concatenate pyarrow batches of encoded transitions into the arrays training needs."""
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in (*ARRAY_COLUMNS, "cand", "cand_mask")}
+    parts: dict[str, list] = {k: [] for k in (*ARRAY_COLUMNS, "features", "tool", "cand", "cand_mask", "cand_f")}
     for b in batches:
         if candidates and "candidate_emb" in b.column_names:
             cand, mask = _padded(b.column("candidate_emb"))
             parts["cand"].append(cand)
             parts["cand_mask"].append(mask)
+            parts["cand_f"].append(_padded(b.column("candidate_features"), len(FEATURE_NAMES))[0][:, : cand.shape[1]])
         for k in ("state_emb", "action_emb", "next_state_emb"):
             parts[k].append(_matrix(b.column(k)))
+        parts["features"].append(_features(b.column("features")))
+        parts["tool"].append(np.array(b.column("tool").to_pylist(), dtype=object))
         parts["reward"].append(b.column("reward").to_numpy(zero_copy_only=False).astype(np.float32))
         parts["done"].append(b.column("done").to_numpy(zero_copy_only=False).astype(np.float32))
         parts["outcome_success"].append(
             np.array([bool(x) for x in b.column("outcome_success").to_pylist()], dtype=bool))
     if parts["cand"]:  # batches pad to their own k_max: pad to the largest
         k = max(c.shape[1] for c in parts["cand"])
-        parts["cand"] = [np.pad(c, ((0, 0), (0, k - c.shape[1]), (0, 0))) for c in parts["cand"]]
-        parts["cand_mask"] = [np.pad(m, ((0, 0), (0, k - m.shape[1]))) for m in parts["cand_mask"]]
+        for key in ("cand", "cand_mask", "cand_f"):
+            parts[key] = _pad_to(parts[key], k)
     return {k: np.concatenate(v) for k, v in parts.items() if v}
+
+
+class _Learners:
+    """The critic (IQL over candidate embeddings) and, when the data calls several tools, the
+    discrete tool head (Q over the tool vocabulary + AWR policy), stepped on the same batch."""
+
+    def __init__(self, config: dict[str, Any], world: int):
+        from ray.train.torch import prepare_model
+
+        from harnessrl.algorithms.discrete import DiscreteConfig, DiscreteLearner, DiscreteNetwork
+        from harnessrl.algorithms.iql import IQLConfig, IQLLearner, IQLNetwork
+
+        def wrap(net):
+            return prepare_model(net) if world > 1 else net
+
+        self.cfg = IQLConfig(**config["iql"])
+        net = IQLNetwork(self.cfg)
+        if self.cfg.feature_dim:
+            net.q.set_feature_stats(*config["feature_stats"])  # before DDP, which broadcasts buffers
+        self.critic = IQLLearner(self.cfg, wrap(net))
+        self.tool_cfg = DiscreteConfig(**config["tool_head"]) if config.get("tool_head") else None
+        self.tools = DiscreteLearner(self.tool_cfg, wrap(DiscreteNetwork(self.tool_cfg))) if self.tool_cfg else None
+
+    def parts(self):
+        yield "state", self.critic
+        if self.tools:
+            yield "tools", self.tools
+
+    def save(self, directory: str, step: int, extra: dict) -> None:
+        from harnessrl.training_state import save_training_state
+
+        for name, lr in self.parts():
+            save_training_state(directory, lr.core, lr.target_q, lr.opt, step, extra, name=name)
+
+    def load(self, directory: str) -> int:
+        from harnessrl.training_state import load_training_state
+
+        return min(load_training_state(directory, lr.core, lr.target_q, lr.opt, name=name)["step"]
+                   for name, lr in self.parts())
 
 
 def _train_loop(config: dict[str, Any]) -> None:
     import ray.train
     import torch
-    from ray.train.torch import prepare_model
-
-    from harnessrl.algorithms.iql import IQLConfig, IQLLearner, IQLNetwork
-    from harnessrl.training_state import load_training_state, save_training_state
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.set_num_threads(config["threads"])
     torch.manual_seed(config["seed"])  # same init on every rank; DDP broadcasts rank 0's anyway
+    load_start = time.time()
     data = load_arrays(ray.train.get_dataset_shard("train").iter_batches(batch_size=4096, batch_format="pyarrow"))
     n = len(data["reward"])
     if n == 0:
         raise RuntimeError(f"worker {rank} got an empty shard")
     t = {k: torch.from_numpy(data[k]) for k in ("state_emb", "action_emb", "next_state_emb", "reward", "done")}
     t["reward"] = t["reward"] * config["reward_scale"]
-    use_cand = config["iql"]["alpha"] > 0 and "cand" in data and data["cand"].shape[1] > 0
+    learners = _Learners(config, world)
+    use_f = learners.cfg.feature_dim > 0
+    if use_f:
+        t["features"] = torch.from_numpy(data["features"])
+    use_cand = learners.cfg.alpha > 0 and "cand" in data and data["cand"].shape[1] > 0
     if use_cand:
         t["cand"], t["cand_mask"] = torch.from_numpy(data["cand"]), torch.from_numpy(data["cand_mask"])
+        t["cand_f"] = torch.from_numpy(data["cand_f"])
+    if learners.tools:
+        t["tool_id"] = torch.tensor(tool_ids(config["tool_vocab"], data["tool"].tolist()))
+    load_seconds = time.time() - load_start
 
-    cfg = IQLConfig(**config["iql"])
-    learner = IQLLearner(cfg, prepare_model(IQLNetwork(cfg)) if world > 1 else IQLNetwork(cfg))
     start = 0
     checkpoint = ray.train.get_checkpoint()
     if checkpoint:
         with checkpoint.as_directory() as d:
-            start = load_training_state(d, learner.core, learner.target_q, learner.opt)["step"]
+            start = learners.load(d)
 
     mlflow_client = None
     if rank == 0 and config.get("mlflow_run_id"):
@@ -121,17 +182,23 @@ def _train_loop(config: dict[str, Any]) -> None:
     window_start = time.time()
     for step in range(start + 1, config["steps"] + 1):
         idx = torch.randint(n, (per_worker,), generator=gen)
-        cand = cand_mask = None
+        s, s2, r, done = t["state_emb"][idx], t["next_state_emb"][idx], t["reward"][idx], t["done"][idx]
+        f = t["features"][idx] if use_f else None
+        cand = cand_mask = cand_f = None
         if use_cand:  # a few untaken candidates per state keep the penalty's cost bounded
             cols = torch.randperm(t["cand"].shape[1], generator=gen)[: config["candidates_per_step"]]
             cand, cand_mask = t["cand"][idx][:, cols], t["cand_mask"][idx][:, cols]
-        window.append(learner.update(t["state_emb"][idx], t["action_emb"][idx], t["reward"][idx],
-                                     t["next_state_emb"][idx], t["done"][idx], cand, cand_mask))
+            cand_f = t["cand_f"][idx][:, cols] if use_f else None
+        metrics = learners.critic.update(s, t["action_emb"][idx], r, s2, done, f, cand, cand_mask, cand_f)
+        if learners.tools:
+            metrics.update({f"tool_{k}": v for k, v in learners.tools.update(s, t["tool_id"][idx], r, s2, done).items()})
+        window.append(metrics)
         last = step == config["steps"]
         if step % config["log_every"] == 0 or last:
             metrics = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
             metrics["q_abs_max"] = float(max(m["q_abs_max"] for m in window))
             metrics["steps_per_s"] = len(window) / max(time.time() - window_start, 1e-9)
+            metrics["load_seconds"] = load_seconds
             window, window_start = [], time.time()
             if mlflow_client:
                 from mlflow.entities import Metric
@@ -143,8 +210,7 @@ def _train_loop(config: dict[str, Any]) -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 ckpt = None
                 if rank == 0:
-                    save_training_state(tmp, learner.core, learner.target_q, learner.opt, step,
-                                        {"iql": cfg.to_dict(), "reward_scale": config["reward_scale"]})
+                    learners.save(tmp, step, {"reward_scale": config["reward_scale"]})
                     ckpt = ray.train.Checkpoint.from_directory(tmp)
                 ray.train.report({"step": step, "resumed_from_step": start, **metrics}, checkpoint=ckpt)
 
@@ -155,7 +221,8 @@ def reward_scale_for(returns: np.ndarray) -> float:
     return 1.0 / peak if peak > 1.0 else 1.0
 
 
-def _fallback_threshold(net, data: dict[str, np.ndarray], reward_scale: float, quantile: float) -> float:
+def _fallback_threshold(net, data: dict[str, np.ndarray], reward_scale: float, quantile: float,
+                        use_features: bool) -> float:
     """A low quantile of Q(s, a) over the steps of successful episodes, in reward units.
 
     Why: the critic's job is to say when no candidate looks like the actions that led to
@@ -167,16 +234,47 @@ def _fallback_threshold(net, data: dict[str, np.ndarray], reward_scale: float, q
 
     mask = data["outcome_success"] if data["outcome_success"].any() else np.ones(len(data["reward"]), bool)
     s, a = torch.from_numpy(data["state_emb"][mask]), torch.from_numpy(data["action_emb"][mask])
+    f = torch.from_numpy(data["features"][mask]) if use_features else None
     with torch.no_grad():
-        q = torch.cat([net.q.min_q(s[i:i + 8192], a[i:i + 8192]) for i in range(0, len(s), 8192)])
+        q = torch.cat([net.q.min_q(s[i:i + 8192], a[i:i + 8192], f[i:i + 8192] if f is not None else None)
+                       for i in range(0, len(s), 8192)])
     return float(np.quantile(q.numpy() / reward_scale, quantile))
+
+
+def _tool_head_config(cfg: TrainConfig, tools: np.ndarray, state_dim: int) -> tuple[dict | None, list[str]]:
+    """The discrete head's config and vocabulary, or (None, vocab) when there is nothing to choose
+    between (the data calls fewer than two tools) or it is switched off."""
+    from collections import Counter
+
+    from harnessrl.algorithms.discrete import DiscreteConfig
+    from harnessrl.features import tool_vocabulary
+
+    vocab = tool_vocabulary(Counter(tools.tolist()), cfg.max_tools)
+    if cfg.tool_head == "none" or len(vocab) < 2:
+        return None, vocab
+    head = DiscreteConfig(state_dim=state_dim, n_actions=len(vocab), hidden_dim=cfg.hidden_dim, gamma=cfg.gamma,
+                          expectile=cfg.expectile, polyak=cfg.polyak, lr=cfg.lr, method=cfg.tool_head,
+                          awr_beta=cfg.awr_beta)
+    return head.to_dict(), vocab
+
+
+def _storage(storage_dir: str) -> dict[str, Any]:
+    """Where Ray Train keeps checkpoints. For `s3://` the filesystem is built here and handed to
+    the workers with its endpoint and credentials resolved, so they need no S3 environment."""
+    from harnessrl import storage
+
+    if not storage.is_remote(storage_dir):
+        return {"storage_path": storage_dir}
+    fs, path = storage.portable_filesystem(storage_dir)
+    return {"storage_path": path, "storage_filesystem": fs}
 
 
 def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, model_dir: str,
           meta: dict[str, Any], mlflow_run_id: str | None = None) -> TrainResult:
-    """Fit IQL on `encoded_dir/data`, write the critic folder to `model_dir` and return figures.
+    """Fit IQL (and the tool head) on `encoded_dir/data`, write the critic folder to `model_dir`.
 
-    `meta` (encoder identity, render settings, lineage) is stored with the model.
+    `meta` (encoder identity, render settings, lineage) is stored with the model. `storage_dir`
+    (local or `s3://`) holds the run's checkpoints.
     """
     import ray
     import torch
@@ -194,26 +292,32 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
     data = load_arrays(ds.iter_batches(batch_size=8192, batch_format="pyarrow"), candidates=False)
     returns = ds.select_columns(["return_to_go"]).to_pandas()["return_to_go"].to_numpy()
     scale = reward_scale_for(returns)
-    dim = int(meta["encoder"]["dim"])
-    iql = IQLConfig(state_dim=dim, action_dim=dim, hidden_dim=cfg.hidden_dim, gamma=cfg.gamma,
-                    expectile=cfg.expectile, polyak=cfg.polyak, lr=cfg.lr, alpha=cfg.alpha)
+    feature_dim = data["features"].shape[1] if cfg.features else 0
+    iql = IQLConfig(state_dim=data["state_emb"].shape[1], action_dim=data["action_emb"].shape[1],
+                    hidden_dim=cfg.hidden_dim, gamma=cfg.gamma, expectile=cfg.expectile, polyak=cfg.polyak,
+                    lr=cfg.lr, alpha=cfg.alpha, feature_dim=feature_dim)
+    feature_stats = ([data["features"].mean(0).tolist(), data["features"].std(0).tolist()] if feature_dim
+                     else None)
+    tool_head, vocab = _tool_head_config(cfg, data["tool"], iql.state_dim)
     use_gpu = cfg.gpus_per_worker > 0
     resources = {"CPU": cfg.cpus_per_worker, **({"GPU": cfg.gpus_per_worker} if use_gpu else {})}
     loop_config = {
-        "iql": iql.to_dict(), "steps": cfg.steps, "batch_size": cfg.batch_size, "seed": cfg.seed,
+        "iql": iql.to_dict(), "feature_stats": feature_stats, "tool_head": tool_head, "tool_vocab": vocab,
+        "steps": cfg.steps, "batch_size": cfg.batch_size, "seed": cfg.seed,
         "log_every": cfg.log_every, "checkpoint_every": cfg.checkpoint_every, "reward_scale": scale,
         "candidates_per_step": cfg.candidates_per_step,
         "threads": max(1, int(round(cfg.cpus_per_worker))), "mlflow_run_id": mlflow_run_id,
         "tracking_uri": settings.tracking_uri(),
     }
-    log.info("train: IQL on %d transitions, %d worker(s) x %s, %d steps", len(returns), cfg.num_workers,
-             resources, cfg.steps)
+    log.info("train: IQL on %d transitions (%d history features, tool head: %s over %d tools), "
+             "%d worker(s) x %s, %d steps", len(returns), feature_dim, tool_head["method"] if tool_head else "none",
+             len(vocab), cfg.num_workers, resources, cfg.steps)
     trainer = TorchTrainer(
         _train_loop,
         train_loop_config=loop_config,
         scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=use_gpu, resources_per_worker=resources),
         run_config=RunConfig(
-            name=run_name, storage_path=storage_dir,
+            name=run_name, **_storage(storage_dir),
             checkpoint_config=CheckpointConfig(num_to_keep=2),
             failure_config=FailureConfig(max_failures=cfg.max_failures),
         ),
@@ -223,14 +327,22 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
     if result.checkpoint is None:
         raise RuntimeError(f"training run {run_name} finished without a checkpoint: {result.error}")
     net = IQLNetwork(iql)
+    tools_net = None
     with result.checkpoint.as_directory() as d:
         load_network_weights(d, net)
+        if tool_head:
+            from harnessrl.algorithms.discrete import DiscreteConfig, DiscreteNetwork
+
+            tools_net = DiscreteNetwork(DiscreteConfig(**tool_head))
+            load_network_weights(d, tools_net, name="tools")
     net.eval()
-    threshold = _fallback_threshold(net, data, scale, cfg.fallback_quantile)
+    threshold = _fallback_threshold(net, data, scale, cfg.fallback_quantile, feature_dim > 0)
     metrics = {k: float(v) for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
     save_critic(model_dir, net, {**meta, "iql": iql.to_dict(), "reward_scale": scale,
+                                 "feature_names": list(FEATURE_NAMES) if feature_dim else [],
                                  "fallback_threshold": threshold, "fallback_quantile": cfg.fallback_quantile,
-                                 "train_metrics": metrics})
+                                 "tool_vocab": vocab, "train_metrics": metrics},
+                tool_head=(tools_net, tool_head) if tools_net is not None else None)
     out = TrainResult(model_dir=str(model_dir), checkpoint_path=result.checkpoint.path, steps=cfg.steps,
                       seconds=time.time() - start, metrics=metrics, reward_scale=scale, fallback_threshold=threshold)
     log.info("train: done in %.0f s; loss_q %.4f loss_v %.4f; fallback threshold %.3f", out.seconds,

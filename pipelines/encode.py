@@ -19,6 +19,7 @@ from harnessrl import schemas, storage
 from harnessrl.config import EncoderConfig
 from harnessrl.encoders import EncoderIdentity, load_encoder, text_hash
 from harnessrl.ray_runtime import shuffle_partitions
+from harnessrl.transitions import untaken_candidates
 
 log = logging.getLogger(__name__)
 DATASET_META = "_dataset.json"
@@ -37,13 +38,6 @@ class EncodeResult:
 
     def summary(self) -> dict:
         return asdict(self)
-
-
-def untaken_candidates(action: str, candidates: list[str] | None, limit: int) -> list[str]:
-    """The step's alternatives to the taken action, at most `limit`, chosen by content hash
-    (a stable, order-independent sample when a step offers more)."""
-    others = {c for c in candidates or () if c != action}
-    return sorted(others, key=text_hash)[:limit]
 
 
 def _texts(batch: pa.Table, max_candidates: int) -> pa.Table:
@@ -118,7 +112,11 @@ class _Attach:
             flat.extend(self.index[text_hash(c)] for c in untaken_candidates(action, cands, self.max_candidates))
             offsets.append(len(flat))
         values = self.matrix.take(pa.array(flat, pa.int64()))
-        return batch.append_column("candidate_emb", pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values))
+        batch = batch.append_column("candidate_emb", pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values))
+        # candidate_features follow the same order and keep the same prefix
+        kept = [f[: offsets[i + 1] - offsets[i]] for i, f in enumerate(batch.column("candidate_features").to_pylist())]
+        col = batch.schema.get_field_index("candidate_features")
+        return batch.set_column(col, "candidate_features", pa.array(kept, batch.schema.field(col).type))
 
 
 def pool_size(cfg: EncoderConfig) -> int:

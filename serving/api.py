@@ -32,6 +32,15 @@ class ScoreRequest(BaseModel):
         return self.state if isinstance(self.state, str) else self.state.model_dump()
 
 
+class SelectToolRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    agent_id: str | None = Field(None, max_length=200)
+    state: str | StructuredState = Field(description="rendered state text, or {task, history, observation}")
+
+    def state_value(self) -> str | dict:
+        return self.state if isinstance(self.state, str) else self.state.model_dump()
+
+
 class ModelRef(BaseModel):
     name: str
     version: str | None
@@ -47,8 +56,16 @@ class ScoreResponse(BaseModel):
     decision_id: str
 
 
+class SelectToolResponse(BaseModel):
+    tools: list[str] = Field(description="the model's tool vocabulary")
+    probabilities: list[float] = Field(description="the tool head's policy pi(tool | state), one per tool")
+    choice: str = Field(description="the most probable tool")
+    model: ModelRef
+
+
 class ModelInfo(BaseModel):
     model: ModelRef
     fallback_threshold: float | None
+    tools: list[str] = Field(description="tool vocabulary of the tool head (empty when the model has none)")
     encoder: dict
     lineage: dict

@@ -11,10 +11,11 @@ import logging
 import os
 import uuid
 
-from fastapi import FastAPI
+from fastapi import FastAPI, HTTPException
 from ray import serve
 
-from harnessrl.serving.api import ModelInfo, ModelRef, ScoreRequest, ScoreResponse
+from harnessrl.serving.api import (ModelInfo, ModelRef, ScoreRequest, ScoreResponse, SelectToolRequest,
+                                   SelectToolResponse)
 
 log = logging.getLogger(__name__)
 APP_NAME = "harnessrl"
@@ -35,6 +36,8 @@ class CriticService:
         self.critic = Critic.load(model_uri)
         self._score.set_max_batch_size(max_batch_size)
         self._score.set_batch_wait_timeout_s(batch_wait_timeout_s)
+        self._select_tool.set_max_batch_size(max_batch_size)
+        self._select_tool.set_batch_wait_timeout_s(batch_wait_timeout_s)
         self.model_ref = ModelRef(name=self.critic.name, version=self.critic.version)
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)
@@ -53,11 +56,25 @@ class CriticService:
     async def score(self, request: ScoreRequest) -> ScoreResponse:
         return await self._score(request)
 
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)
+    async def _select_tool(self, requests: list[SelectToolRequest]) -> list[SelectToolResponse]:
+        choices = await asyncio.to_thread(self.critic.select_tool_batch, [r.state_value() for r in requests])
+        return [SelectToolResponse(tools=c.tools, probabilities=c.probabilities, choice=c.choice, model=self.model_ref)
+                for c in choices]
+
+    @api.post("/v1/select_tool", response_model=SelectToolResponse)
+    async def select_tool(self, request: SelectToolRequest) -> SelectToolResponse:
+        if self.critic.tool_head is None:
+            raise HTTPException(status_code=404, detail=f"model {self.critic.name} has no tool head "
+                                "(its training data called fewer than two tools)")
+        return await self._select_tool(request)
+
     @api.get("/v1/model", response_model=ModelInfo)
     def model(self) -> ModelInfo:
         meta = self.critic.meta
-        return ModelInfo(model=self.model_ref, fallback_threshold=self.critic.threshold, encoder=meta["encoder"],
-                         lineage=meta.get("lineage", {}))
+        return ModelInfo(model=self.model_ref, fallback_threshold=self.critic.threshold,
+                         tools=self.critic.tool_vocab if self.critic.tool_head is not None else [],
+                         encoder=meta["encoder"], lineage=meta.get("lineage", {}))
 
     @api.get("/healthz")
     def healthz(self) -> dict:

@@ -79,7 +79,7 @@ def pipeline_run(ray_local, sample_slice, tmp_path_factory):
         "name": "integration",
         "output_dir": str(tmp_path_factory.mktemp("integration")),
         "data": {"train": [str(sample_slice["train"])], "heldout": [str(sample_slice["test"])]},
-        "render": {"window": 3, "max_chars": 1500},
+        "render": {"window": 3, "max_chars": 1500, "tool_from": "first_word"},
         "encoder": {"batch_size": 32, "max_seq_length": 128},
         "train": {"steps": 300, "batch_size": 128, "checkpoint_every": 150, "log_every": 50},
         "registry": {"experiment": "integration", "model_name": MODEL, "alias": "champion"},
@@ -132,7 +132,7 @@ def transitions(ingested, work):
     from harnessrl.rewards import load_recipe
 
     return build_transitions(str(work["dir"] / "ingest"), str(work["dir"] / "transitions"), load_recipe("default"),
-                             RenderConfig(window=3, max_chars=1500))
+                             RenderConfig(window=3, max_chars=1500, tool_from="first_word"))
 
 
 @pytest.fixture(scope="session")
@@ -144,3 +144,44 @@ def encoded(transitions, work):
                   EncoderConfig(batch_size=32, max_seq_length=128))
 
 
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """A real S3 HTTP endpoint on loopback (moto's server mode) with one bucket; boto3 and
+    pyarrow reach it through AWS_ENDPOINT_URL. Stopped by its PID at the end of the session."""
+    import subprocess
+    import sys
+    import time
+
+    import boto3
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        client = boto3.client("s3")
+        for _ in range(100):  # up to ~20 s for the server to listen
+            try:
+                client.create_bucket(Bucket="harnessrl-test")
+                break
+            except Exception:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"moto server exited: {log.read_text()[-2000:]}")
+                time.sleep(0.2)
+        else:
+            raise RuntimeError("moto server did not come up")
+        yield {"endpoint": env["AWS_ENDPOINT_URL"], "bucket": "harnessrl-test", "client": client}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

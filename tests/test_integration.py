@@ -110,6 +110,31 @@ def test_http_model_and_health(service):
     assert info["lineage"]["dataset_digests"]["encoded"].startswith("sha256:")
 
 
+def test_training_logs_critic_and_tool_head_metrics(pipeline_run):
+    from harnessrl import registry
+
+    client = registry.client()
+    run_id = pipeline_run["model"]["run_id"]
+    for key in ("td_error", "q_abs_max", "adv_std", "cand_penalty", "tool_policy_entropy", "tool_actor_loss",
+                "steps_per_s"):
+        history = client.get_metric_history(run_id, f"train/{key}")
+        assert len(history) == 6 and all(np.isfinite(m.value) for m in history), key
+    entropy = [m.value for m in client.get_metric_history(run_id, "train/tool_policy_entropy")]
+    assert 0 < entropy[-1] < entropy[0]  # the tool policy sharpens from near-uniform
+
+
+def test_http_select_tool(service):
+    info = httpx.get(f"{service}/v1/model", timeout=10).json()
+    assert {"take", "move", "open"} <= set(info["tools"])  # game verbs (render.tool_from: first_word)
+    state = {"task": "Find the coin and take it.", "history": [], "observation": "You see a coin."}
+    r = httpx.post(f"{service}/v1/select_tool", json={"agent_id": "a1", "state": state}, timeout=60)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["tools"] == info["tools"] and len(body["probabilities"]) == len(body["tools"])
+    assert abs(sum(body["probabilities"]) - 1) < 1e-4
+    assert body["choice"] == body["tools"][int(np.argmax(body["probabilities"]))]
+
+
 def test_cli_score_uses_registered_model(pipeline_run):
     out = subprocess.run(
         [sys.executable, "-m", "harnessrl.cli", "score", "--model", f"{MODEL}@champion",

@@ -38,7 +38,7 @@ import torch
 import mdp_logs as M
 from harnessrl.algorithms.iql import IQLConfig, IQLLearner
 from harnessrl.formats.native import ParsedEpisode, parse_line
-from harnessrl.pipelines.encode import untaken_candidates
+from harnessrl.transitions import untaken_candidates
 from harnessrl.render import render_state
 from harnessrl.rewards import RewardRecipe
 from harnessrl.transitions import episode_transitions
@@ -143,7 +143,7 @@ def train(logged, embedded, alpha: float, seed: int = SEED) -> dict:
         idx = torch.randint(len(r), (TRAIN["batch_size"],), generator=gen)
         cand = act_emb[cand_ids[idx]] if alpha > 0 else None
         metrics = learner.update(cell_emb[s[idx]], act_emb[a[idx]], r[idx], cell_emb[s2[idx]], done[idx],
-                                 cand, mask if alpha > 0 else None)
+                                 cand=cand, cand_mask=mask if alpha > 0 else None)
     with torch.no_grad():
         v = learner.core.v(cell_emb).numpy().astype(float)
         q = torch.stack([learner.core.q.min_q(cell_emb, act_emb[i].expand(M.N_STATES, -1))

@@ -198,7 +198,7 @@ def test_penalty_keeps_untaken_candidates_below_taken_action():
         torch.manual_seed(1)
         learner = IQLLearner(IQLConfig(state_dim=d, action_dim=d, hidden_dim=32, lr=3e-3, polyak=0.05, alpha=alpha))
         for _ in range(300):
-            m = learner.update(s, a, r, s, done, cand, mask)
+            m = learner.update(s, a, r, s, done, cand=cand, cand_mask=mask)
         with torch.no_grad():
             q_taken = learner.core.q.min_q(s[:1], a[:1]).item()
             q_cand = learner.core.q.min_q(s[:2], cand[0]).max().item()

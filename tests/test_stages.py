@@ -59,7 +59,7 @@ def test_encode_once_per_distinct_text(encoded, work):
 
     rows = _table(work["dir"] / "encoded" / "data")
     texts = _table(work["dir"] / "encoded" / "_texts")
-    from harnessrl.pipelines.encode import untaken_candidates
+    from harnessrl.transitions import untaken_candidates
 
     distinct = {text_hash(t) for c in ("state_text", "action_text", "next_state_text") for t in rows.column(c).to_pylist()}
     distinct |= {text_hash(t) for a, cands in zip(rows.column("action_text").to_pylist(), rows.column("candidates").to_pylist())

@@ -113,7 +113,7 @@ def test_critic_round_trip(tmp_path):
     loaded, meta = load_critic_files(out)
     assert not loaded.training
     _assert_same_tensors(net.state_dict(), loaded.state_dict())
-    assert meta == {"format_version": model_files.FORMAT_VERSION, **META}
+    assert meta == {"format_version": model_files.FORMAT_VERSION, **META, "tool_head": None}
     s, a = torch.randn(3, 4), torch.randn(3, 4)
     net.eval()
     with torch.no_grad():

@@ -32,6 +32,8 @@ class RenderConfig(_Strict):
 
     window: int = Field(4, ge=0)
     max_chars: int = Field(2000, ge=200)
+    tool_from: Literal["calls", "first_word"] = Field(
+        "calls", description="an action's tool: `name(...)` tool calls, or the first word (text games)")
 
 
 class EncoderConfig(_Strict):
@@ -55,6 +57,11 @@ class TrainConfig(_Strict):
     polyak: float = Field(0.005, gt=0, le=1)
     alpha: float = Field(0.3, ge=0, description="candidate-set penalty weight (0: plain IQL)")
     candidates_per_step: int = Field(4, ge=1, description="untaken candidates per state in each penalty batch")
+    features: bool = Field(True, description="history features (harnessrl.features) as inputs of Q")
+    tool_head: Literal["iql", "cql", "none"] = Field(
+        "iql", description="discrete tool-selection head (critic method); trained when the data calls >= 2 tools")
+    max_tools: int = Field(64, ge=2, description="tool vocabulary cap; rarer tools share the last slot")
+    awr_beta: float = Field(3.0, gt=0, description="AWR inverse temperature of the tool policy")
     num_workers: int = Field(2, ge=1)
     cpus_per_worker: float = Field(0.5, gt=0)
     gpus_per_worker: float = Field(0.0, ge=0)

@@ -5,6 +5,9 @@
 
 Scores are Q(s, a) in reward units (higher is better). `decide` adds the best index and the
 fallback flag: the best score below the model's threshold means "no candidate is good enough".
+Send the state as `{task, history, observation}` rather than rendered text when you can: the
+history features (how often a candidate was already tried, ...) are computed from it.
+`select_tool` gives the tool head's policy over the tool vocabulary, when the model has one.
 """
 
 from __future__ import annotations
@@ -17,10 +20,18 @@ import numpy as np
 
 from harnessrl.encoders import EncoderIdentity, load_encoder
 from harnessrl.errors import ModelError
-from harnessrl.model_files import load_critic_files
-from harnessrl.render import state_from_request
+from harnessrl.features import features_for
+from harnessrl.model_files import load_critic_files, load_tool_head
+from harnessrl.render import RequestState, parse_request_state
 
 State = str | dict[str, Any]
+
+
+@dataclass
+class ToolChoice:
+    tools: list[str]
+    probabilities: list[float]
+    choice: str
 
 
 @dataclass
@@ -32,10 +43,13 @@ class Decision:
 
 
 class Critic:
-    def __init__(self, net, meta: dict[str, Any], name: str | None = None, version: str | None = None, encoder=None):
+    def __init__(self, net, meta: dict[str, Any], name: str | None = None, version: str | None = None, encoder=None,
+                 tool_head=None):
         import torch
 
-        self.net, self.meta = net, meta
+        self.net, self.meta, self.tool_head = net, meta, tool_head
+        self.tool_vocab: list[str] = list(meta.get("tool_vocab") or [])
+        self.uses_features = bool(meta["iql"].get("feature_dim", 0))
         self.name = name or meta.get("model_name") or "local"
         self.version = version
         self.identity = EncoderIdentity.from_json(meta["encoder"])
@@ -62,17 +76,25 @@ class Critic:
         net, meta = load_critic_files(path)
         encoder, identity = load_encoder(meta["encoder"]["model_name"], device, meta["encoder"]["max_seq_length"])
         EncoderIdentity.from_json(meta["encoder"]).check_same(identity, f"critic {uri}")
-        return cls(net, meta, name=name, version=version, encoder=encoder)
+        return cls(net, meta, name=name, version=version, encoder=encoder, tool_head=load_tool_head(path, meta))
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         return self._encoder.encode(list(texts), convert_to_numpy=True, show_progress_bar=False, batch_size=64)
 
-    def render_state(self, state: State) -> str:
-        return state_from_request(state, self.render["window"], self.render["max_chars"])
+    def parse_state(self, state: State) -> RequestState:
+        return parse_request_state(state, self.render["window"], self.render["max_chars"])
 
-    def score_batch(self, requests: Sequence[tuple[State, Sequence[str]]]) -> list[list[float]]:
-        """Many (state, candidates) at once: each distinct text is encoded once, one forward pass."""
-        states = [self.render_state(s) for s, _ in requests]
+    def render_state(self, state: State) -> str:
+        return self.parse_state(state).text
+
+    def score_batch(self, requests: Sequence[tuple[State, Sequence[str]]],
+                    features: Sequence[Sequence[Sequence[float]]] | None = None) -> list[list[float]]:
+        """Many (state, candidates) at once: each distinct text is encoded once, one forward pass.
+
+        `features` (per request, per candidate) replaces the history features computed from the
+        request: evaluation reads them from transition rows."""
+        parsed = [self.parse_state(s) for s, _ in requests]
+        states = [p.text for p in parsed]
         texts = list(dict.fromkeys([*states, *(c for _, cands in requests for c in cands)]))
         if not texts:
             return [[] for _ in requests]
@@ -82,13 +104,35 @@ class Critic:
         a_idx = [index[c] for _, cands in requests for c in cands]
         if not a_idx:
             return [[] for _ in requests]
+        f = None
+        if self.uses_features:
+            tool_from = self.render.get("tool_from", "calls")
+            if features is None:
+                features = [features_for(p.history, p.observation, cands, tool_from)
+                            for p, (_, cands) in zip(parsed, requests)]
+            f = self._torch.tensor([row for per_request in features for row in per_request], dtype=self._torch.float32)
         with self._torch.no_grad():
-            q = self.net.q.min_q(emb[s_idx], emb[a_idx]).numpy() / self.reward_scale
+            q = self.net.q.min_q(emb[s_idx], emb[a_idx], f).numpy() / self.reward_scale
         out, pos = [], 0
         for _, cands in requests:
             out.append([float(x) for x in q[pos: pos + len(cands)]])
             pos += len(cands)
         return out
+
+    def select_tool_batch(self, states: Sequence[State]) -> list[ToolChoice]:
+        """The tool head's policy pi(tool | s) over the vocabulary, for many states at once."""
+        if self.tool_head is None:
+            raise ModelError(f"critic {self.name} has no tool head (its training data called fewer than two tools)")
+        texts = [self.parse_state(s).text for s in states]
+        if not texts:
+            return []
+        emb = self._torch.from_numpy(self.encode(texts)).float()
+        with self._torch.no_grad():
+            probs = self._torch.softmax(self.tool_head.pi(emb), dim=1).numpy()
+        return [ToolChoice(self.tool_vocab, [float(x) for x in p], self.tool_vocab[int(np.argmax(p))]) for p in probs]
+
+    def select_tool(self, state: State) -> ToolChoice:
+        return self.select_tool_batch([state])[0]
 
     def score(self, state: State, candidates: Sequence[str]) -> list[float]:
         return self.score_batch([(state, candidates)])[0]

@@ -2,6 +2,8 @@
 
 `critic.json` holds everything needed to score: the network config, the encoder identity
 the embeddings came from, the renderer settings, the reward scale and the fallback threshold.
+A critic trained on data that calls several tools also has the discrete tool head
+(`tool_head.safetensors`, its config under `tool_head` and the vocabulary under `tool_vocab`).
 """
 
 from __future__ import annotations
@@ -14,19 +16,44 @@ from harnessrl.errors import ModelError
 
 FORMAT_VERSION = 1
 WEIGHTS = "weights.safetensors"
+TOOL_WEIGHTS = "tool_head.safetensors"
 CONFIG = "critic.json"
 
 
-def save_critic(directory: str | Path, net, meta: dict[str, Any]) -> Path:
-    """Write the bare network's weights and `meta` (which must hold `iql` and `encoder`)."""
+def _save_weights(net, path: Path) -> None:
     from safetensors.torch import save_file
 
+    save_file({k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}, str(path))
+
+
+def save_critic(directory: str | Path, net, meta: dict[str, Any], tool_head: tuple[Any, dict] | None = None) -> Path:
+    """Write the bare network's weights and `meta` (which must hold `iql` and `encoder`);
+    `tool_head` is (network, its DiscreteConfig dict) when there is one."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
-    save_file(state, str(directory / WEIGHTS))
+    _save_weights(net, directory / WEIGHTS)
+    meta = {**meta, "tool_head": None}
+    if tool_head is not None:
+        _save_weights(tool_head[0], directory / TOOL_WEIGHTS)
+        meta["tool_head"] = tool_head[1]
     (directory / CONFIG).write_text(json.dumps({"format_version": FORMAT_VERSION, **meta}, indent=2, sort_keys=True))
     return directory
+
+
+def load_tool_head(directory: str | Path, meta: dict[str, Any]):
+    """The discrete tool head in eval mode, or None when the critic has none."""
+    from safetensors.torch import load_file
+
+    from harnessrl.algorithms.discrete import DiscreteConfig, DiscreteNetwork
+
+    if not meta.get("tool_head"):
+        return None
+    path = Path(directory) / TOOL_WEIGHTS
+    if not path.is_file():
+        raise ModelError(f"{directory}: critic.json names a tool head but {TOOL_WEIGHTS} is missing")
+    net = DiscreteNetwork(DiscreteConfig(**meta["tool_head"]))
+    net.load_state_dict(load_file(str(path)))
+    return net.eval()
 
 
 def load_critic_files(directory: str | Path):

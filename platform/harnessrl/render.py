@@ -39,14 +39,32 @@ def render_state(task: str, history: Sequence[Turn], observation: str, window: i
     return text if len(text) <= max_chars else text[: max_chars - 3] + "..."
 
 
-def state_from_request(state: str | dict[str, Any], window: int, max_chars: int) -> str:
-    """A request's state: already rendered text, or `{task, history[{action, observation}], observation}`."""
+@dataclass(frozen=True)
+class RequestState:
+    """A request's state, parsed: the rendered text, and the turns and observation that the
+    history features read (empty when the request sent already-rendered text)."""
+
+    text: str
+    history: tuple[Turn, ...] = ()
+    observation: str = ""
+
+
+def parse_request_state(state: str | dict[str, Any], window: int, max_chars: int) -> RequestState:
+    """Already rendered text, or `{task, history[{action, observation}], observation}` rendered
+    exactly as the transitions stage renders a logged step (the observation of a history item
+    is the result of its action)."""
     if isinstance(state, str):
-        return state
+        return RequestState(state)
     if not isinstance(state, dict):
         raise ConfigError("state must be a string or an object with task/history/observation")
-    history = [
+    history = tuple(
         Turn(str(h.get("action", "")), str(h.get("observation", h.get("result", ""))))
         for h in state.get("history") or []
-    ]
-    return render_state(str(state.get("task", "")), history, str(state.get("observation", "")), window, max_chars)
+    )
+    observation = str(state.get("observation", ""))
+    return RequestState(render_state(str(state.get("task", "")), history, observation, window, max_chars),
+                        history, observation)
+
+
+def state_from_request(state: str | dict[str, Any], window: int, max_chars: int) -> str:
+    return parse_request_state(state, window, max_chars).text

@@ -78,6 +78,8 @@ TRANSITIONS = pa.schema(
         ("group_id", pa.string()),
         ("state_text", pa.string()),
         ("action_text", pa.string()),
+        ("tool", pa.string()),
+        ("features", pa.list_(pa.float32())),
         ("reward", pa.float64()),
         ("reward_components", pa.map_(pa.string(), pa.float64())),
         ("next_state_text", pa.string()),
@@ -86,6 +88,7 @@ TRANSITIONS = pa.schema(
         ("return_to_go", pa.float64()),
         ("outcome_success", pa.bool_()),
         ("candidates", pa.list_(pa.string())),
+        ("candidate_features", pa.list_(pa.list_(pa.float32()))),
         ("info", pa.string()),
     ]
 )

@@ -37,6 +37,31 @@ def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), str(Path(path).expanduser().resolve())
 
 
+def portable_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    """Like `filesystem`, but for `s3://` the endpoint and credentials are resolved here
+    (boto3's chain: environment, profile, instance role) and carried inside the filesystem
+    object, so Ray workers on any node can use it without the driver's environment.
+    Short-lived credentials are frozen at this point: long jobs should use instance roles."""
+    if not uri.startswith("s3://"):
+        return filesystem(uri)
+    import os
+    from urllib.parse import urlparse
+
+    import boto3
+
+    session = boto3.Session()
+    kwargs: dict = {"region": session.region_name or "us-east-1"}
+    creds = session.get_credentials()
+    if creds is not None:
+        frozen = creds.get_frozen_credentials()
+        kwargs.update(access_key=frozen.access_key, secret_key=frozen.secret_key, session_token=frozen.token)
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        parsed = urlparse(endpoint)
+        kwargs.update(endpoint_override=parsed.netloc or parsed.path, scheme=parsed.scheme or "https")
+    return pafs.S3FileSystem(**kwargs), uri[len("s3://"):]
+
+
 def _builtin(name: str) -> str:
     if name not in BUILTIN_CORPORA:
         raise DataError(f"unknown builtin corpus {name!r}; known: {', '.join(sorted(BUILTIN_CORPORA))}")

@@ -11,11 +11,17 @@ STATE = "state.safetensors"
 META = "state.json"
 
 
+def _files(name: str) -> tuple[str, str]:
+    """A checkpoint can hold several learners (critic, tool head), each as `name.safetensors/.json`."""
+    return (STATE, META) if name == "state" else (f"{name}.safetensors", f"{name}.json")
+
+
 def save_training_state(directory: str | Path, net: torch.nn.Module, target: torch.nn.Module,
-                        opt: torch.optim.Optimizer, step: int, extra: dict | None = None) -> None:
+                        opt: torch.optim.Optimizer, step: int, extra: dict | None = None, name: str = "state") -> None:
     from safetensors.torch import save_file
 
     directory = Path(directory)
+    state_file, meta_file = _files(name)
     tensors = {f"net.{k}": v for k, v in net.state_dict().items()}
     tensors.update({f"target.{k}": v for k, v in target.state_dict().items()})
     opt_state = opt.state_dict()
@@ -26,19 +32,20 @@ def save_training_state(directory: str | Path, net: torch.nn.Module, target: tor
                 tensors[f"opt.{idx}.{key}"] = value
             else:
                 scalars.setdefault(str(idx), {})[key] = float(value)
-    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(directory / STATE))
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(directory / state_file))
     meta = {"step": step, "param_groups": opt_state["param_groups"], "opt_scalars": scalars, **(extra or {})}
-    (directory / META).write_text(json.dumps(meta, sort_keys=True))
+    (directory / meta_file).write_text(json.dumps(meta, sort_keys=True))
 
 
 def load_training_state(directory: str | Path, net: torch.nn.Module, target: torch.nn.Module,
-                        opt: torch.optim.Optimizer) -> dict:
+                        opt: torch.optim.Optimizer, name: str = "state") -> dict:
     """Restore in place; returns the JSON meta (with `step`)."""
     from safetensors.torch import load_file
 
     directory = Path(directory)
-    tensors = load_file(str(directory / STATE))
-    meta = json.loads((directory / META).read_text())
+    state_file, meta_file = _files(name)
+    tensors = load_file(str(directory / state_file))
+    meta = json.loads((directory / meta_file).read_text())
     net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
     target.load_state_dict({k[7:]: v for k, v in tensors.items() if k.startswith("target.")})
     state: dict[int, dict] = {}
@@ -53,9 +60,9 @@ def load_training_state(directory: str | Path, net: torch.nn.Module, target: tor
     return meta
 
 
-def load_network_weights(directory: str | Path, net: torch.nn.Module) -> None:
+def load_network_weights(directory: str | Path, net: torch.nn.Module, name: str = "state") -> None:
     """Only the network from a training checkpoint (for export, not for resuming)."""
     from safetensors.torch import load_file
 
-    tensors = load_file(str(Path(directory) / STATE))
+    tensors = load_file(str(Path(directory) / _files(name)[0]))
     net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})

@@ -7,8 +7,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from harnessrl.encoders import text_hash
+from harnessrl.features import action_features, features_for, tool_name
 from harnessrl.render import Turn, render_state
 from harnessrl.rewards import RewardRecipe
+
+
+def untaken_candidates(action: str, candidates: list[str] | None, limit: int | None = None) -> list[str]:
+    """The step's alternatives to the taken action, at most `limit`, chosen by content hash
+    (a stable, order-independent sample when a step offers more)."""
+    others = {c for c in candidates or () if c != action}
+    return sorted(others, key=text_hash)[:limit]
 
 
 def episode_transitions(
@@ -17,7 +26,10 @@ def episode_transitions(
     recipe: RewardRecipe,
     window: int = 4,
     max_chars: int = 2000,
+    tool_from: str = "calls",
 ) -> list[dict[str, Any]]:
+    """`features` are the taken action's history features, `candidate_features` those of each
+    untaken candidate in `untaken_candidates` order (the encode stage keeps a prefix of it)."""
     steps = sorted(steps, key=lambda s: s["step_idx"])
     n = len(steps)
     task = episode.get("task_text") or ""
@@ -34,6 +46,7 @@ def episode_transitions(
         rtg[t] = acc
     out = []
     for t, s in enumerate(steps):
+        obs = s.get("obs_text") or ""
         next_obs = steps[t + 1].get("obs_text") or "" if t + 1 < n else results[t]
         out.append(
             {
@@ -41,8 +54,10 @@ def episode_transitions(
                 "step_idx": int(s["step_idx"]),
                 "task_id": episode.get("task_id"),
                 "group_id": episode.get("group_id"),
-                "state_text": render_state(task, turns[:t], s.get("obs_text") or "", window, max_chars),
+                "state_text": render_state(task, turns[:t], obs, window, max_chars),
                 "action_text": s["action_text"],
+                "tool": tool_name(s["action_text"], tool_from),
+                "features": action_features(turns[:t], obs, s["action_text"], tool_from),
                 "reward": rewards[t],
                 "reward_components": components[t],
                 "next_state_text": render_state(task, turns[: t + 1], next_obs, window, max_chars),
@@ -51,6 +66,8 @@ def episode_transitions(
                 "return_to_go": rtg[t],
                 "outcome_success": episode.get("outcome_success"),
                 "candidates": s.get("candidates"),
+                "candidate_features": features_for(
+                    turns[:t], obs, untaken_candidates(s["action_text"], s.get("candidates")), tool_from),
                 "info": s.get("info") or "{}",
             }
         )

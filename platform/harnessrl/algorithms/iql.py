@@ -1,7 +1,9 @@
 """Implicit Q-Learning critic (Kostrikov et al., 2021) over frozen text embeddings.
 
 Readable top to bottom: config, networks, losses (one line each), one update step.
-Q(s, a) is a twin MLP over [s, a, s*a, |s-a|]; V(s) is fit to the target Q by expectile
+Q(s, a) is a twin MLP over [s, a, s*a, |s-a|, features] ([s, a, features] when the state and
+action embeddings differ in size); the history features (DESIGN §3) are standardised by
+statistics fixed from the training data and stored with the weights. V(s) is fit to the target Q by expectile
 regression, so it approximates the best in-support action value without ever querying Q
 on actions the data never took; Q is fit to r + gamma * (1 - done) * V(s').
 
@@ -31,6 +33,7 @@ class IQLConfig:
     polyak: float = 0.005
     lr: float = 3e-4
     alpha: float = 0.0  # weight of the candidate-set penalty (0: plain IQL)
+    feature_dim: int = 0  # history features per (state, action), see harnessrl.features
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -49,19 +52,34 @@ def pair_features(s: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     return torch.cat([s, a, s * a, (s - a).abs()], dim=-1)
 
 
+def q_input_dim(cfg: IQLConfig) -> int:
+    pair = 4 * cfg.state_dim if cfg.state_dim == cfg.action_dim else cfg.state_dim + cfg.action_dim
+    return pair + cfg.feature_dim
+
+
 class TwinQ(nn.Module):
     def __init__(self, cfg: IQLConfig):
         super().__init__()
-        assert cfg.state_dim == cfg.action_dim, "pair features need equal state and action dims"
-        self.q1 = mlp(4 * cfg.state_dim, cfg.hidden_dim)
-        self.q2 = mlp(4 * cfg.state_dim, cfg.hidden_dim)
+        self.pairwise = cfg.state_dim == cfg.action_dim
+        self.q1 = mlp(q_input_dim(cfg), cfg.hidden_dim)
+        self.q2 = mlp(q_input_dim(cfg), cfg.hidden_dim)
+        # Standardises the history features; set once from the training data (`set_feature_stats`).
+        self.register_buffer("feat_mean", torch.zeros(cfg.feature_dim))
+        self.register_buffer("feat_std", torch.ones(cfg.feature_dim))
 
-    def forward(self, s: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = pair_features(s, a)
+    def set_feature_stats(self, mean, std) -> None:
+        self.feat_mean.copy_(torch.as_tensor(mean, dtype=torch.float32))
+        std = torch.as_tensor(std, dtype=torch.float32)
+        self.feat_std.copy_(torch.where(std < 1e-3, torch.ones_like(std), std))  # constant in training: leave unscaled
+
+    def forward(self, s: torch.Tensor, a: torch.Tensor, f: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        x = pair_features(s, a) if self.pairwise else torch.cat([s, a], dim=-1)
+        if self.feat_mean.numel():
+            x = torch.cat([x, (f - self.feat_mean) / self.feat_std], dim=-1)
         return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
 
-    def min_q(self, s: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-        return torch.minimum(*self(s, a))
+    def min_q(self, s: torch.Tensor, a: torch.Tensor, f: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.minimum(*self(s, a, f))
 
 
 class ValueNet(nn.Module):
@@ -81,10 +99,13 @@ class IQLNetwork(nn.Module):
         self.q = TwinQ(cfg)
         self.v = ValueNet(cfg)
 
-    def forward(self, s, a, s_next, cand=None):
-        """Q of the taken action, V(s), V(s') and, given candidates (B, K, d), Q of each candidate."""
-        q1, q2 = self.q(s, a)
-        qc = self.q(s.unsqueeze(1).expand_as(cand), cand) if cand is not None else None
+    def forward(self, s, a, s_next, f=None, cand=None, cand_f=None):
+        """Q of the taken action, V(s), V(s') and, given candidates (B, K, d_a) with their
+        features (B, K, d_f), Q of each candidate."""
+        q1, q2 = self.q(s, a, f)
+        qc = None
+        if cand is not None:
+            qc = self.q(s.unsqueeze(1).expand(-1, cand.shape[1], -1), cand, cand_f)
         return q1, q2, self.v(s), self.v(s_next), qc
 
 
@@ -108,7 +129,11 @@ def q_loss(q1: torch.Tensor, q2: torch.Tensor, target: torch.Tensor) -> torch.Te
 def candidate_penalty(q_cand: torch.Tensor, mask: torch.Tensor, q_taken: torch.Tensor) -> torch.Tensor:
     """CQL over the step's candidate set: logsumexp over {taken} + candidates of Q, minus Q(taken).
 
-    `q_cand` (B, K) holds Q of untaken candidates, `mask` (B, K) which of them exist.
+    `q_cand` (B, K) holds Q of untaken candidates, `mask` (B, K) which of them exist. Known
+    bias: the gradient also lifts Q of the taken action above its TD target, and an
+    expectile-near-1 V compounds the lift through bootstrapping (see test_iql_correctness).
+    Detaching Q(taken) removes the lift but, on data where every candidate is taken at some
+    other visit, drags all values far below the truth (measured: V error 0.45 vs 0.01 plain).
     """
     logits = torch.cat([q_taken.unsqueeze(1), q_cand.masked_fill(~mask, float("-inf"))], dim=1)
     return (torch.logsumexp(logits, dim=1) - q_taken).mean()
@@ -134,13 +159,14 @@ class IQLLearner:
         """The bare network (unwrapped from DDP)."""
         return getattr(self.net, "module", self.net)
 
-    def update(self, s, a, r, s_next, done, cand=None, cand_mask=None) -> dict[str, float]:
-        """One gradient step. `cand` (B, K, d) and `cand_mask` (B, K) are the untaken candidates, if any."""
+    def update(self, s, a, r, s_next, done, f=None, cand=None, cand_mask=None, cand_f=None) -> dict[str, float]:
+        """One gradient step. `f` (B, d_f) are the taken action's history features; `cand`
+        (B, K, d_a), `cand_f` (B, K, d_f) and `cand_mask` (B, K) the untaken candidates, if any."""
         cfg = self.cfg
         use_cand = cand is not None and cfg.alpha > 0
-        q1, q2, v, v_next, qc = self.net(s, a, s_next, cand if use_cand else None)
+        q1, q2, v, v_next, qc = self.net(s, a, s_next, f, cand if use_cand else None, cand_f if use_cand else None)
         with torch.no_grad():
-            tq = self.target_q.min_q(s, a)
+            tq = self.target_q.min_q(s, a, f)
             y = q_target(r, done, v_next.detach(), cfg.gamma)
         loss_v = value_loss(tq, v, cfg.expectile)
         loss_q = q_loss(q1, q2, y)

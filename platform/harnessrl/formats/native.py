@@ -28,6 +28,10 @@ class Reason:
     STEP_WITHOUT_ACTION = "step_without_action"
     WRONG_TYPE = "wrong_type"
     DUPLICATE_EPISODE_ID = "duplicate_episode_id"
+    # Used by the other readers (formats/common.py, formats/detect.py):
+    UNSUPPORTED_VERSION = "unsupported_version"  # e.g. an ATIF schema_version other than ATIF-v1.x
+    UNKNOWN_FORMAT = "unknown_format"  # a record whose shape no reader recognises
+    PARSER_ERROR = "parser_error"  # a reader bug caught at the boundary; tests assert it never happens
 
 
 @dataclass

@@ -1,0 +1,72 @@
+"""History features of a (state, candidate action) pair, and the tool an action calls.
+
+Agents loop: the same action from the same situation, again and again. A rendered state
+cannot say how often something was already tried, so the critic also reads a few numbers
+computed from the episode so far. They are functions of the (action, result) turns and the
+current observation only, so the transitions stage and serving (which rebuilds the turns from
+the request's history) compute them with this one module and get identical inputs.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Sequence
+
+from harnessrl.render import Turn
+
+FEATURE_NAMES = ("times_taken", "times_taken_here", "steps_since_new_result", "step_idx", "tool_uses")
+ANSWER = "answer"  # the tool of an action that calls none: a reply, a final answer, a game command
+_CALL = re.compile(r"^\s*([A-Za-z_][\w.\-]*)\(")
+_WORD = re.compile(r"^\s*([^\s(]+)")
+
+
+def tool_name(action: str, tool_from: str = "calls") -> str:
+    """The tool an action text calls: `name(...)` as the native format renders tool calls
+    (`calls`), or the first word, for text games whose commands are verbs (`first_word`)."""
+    pattern = _CALL if tool_from == "calls" else _WORD
+    m = pattern.match(action)
+    return m.group(1).lower() if m else ANSWER
+
+
+def action_features(history: Sequence[Turn], observation: str, candidate: str, tool_from: str = "calls") -> list[float]:
+    """FEATURE_NAMES for taking `candidate` after `history` while seeing `observation`.
+
+    Counts are log1p-compressed so a loop of 50 does not dwarf everything the critic saw in training.
+    """
+    t = len(history)
+    results = [h.result for h in history]
+    # the observation an earlier action was taken from: the result before it (unknown for the first)
+    before = [""] + results[:-1]
+    here = observation.strip()
+    taken = sum(h.action == candidate for h in history)
+    taken_here = sum(h.action == candidate and b.strip() == here for h, b in zip(history, before))
+    seen: set[str] = set()
+    last_new = 0
+    for i, r in enumerate(results):
+        if r not in seen:
+            seen.add(r)
+            last_new = i + 1
+    tool = tool_name(candidate, tool_from)
+    uses = sum(tool_name(h.action, tool_from) == tool for h in history)
+    return [math.log1p(taken), math.log1p(taken_here), math.log1p(t - last_new), math.log1p(t), math.log1p(uses)]
+
+
+def features_for(history: Sequence[Turn], observation: str, candidates: Sequence[str],
+                 tool_from: str = "calls") -> list[list[float]]:
+    return [action_features(history, observation, c, tool_from) for c in candidates]
+
+
+OTHER_TOOL = "<other>"
+
+
+def tool_vocabulary(counts: dict[str, int], max_tools: int) -> list[str]:
+    """Tools by frequency (ties by name); past `max_tools` the rarest share one `<other>` slot."""
+    ranked = sorted(counts, key=lambda k: (-counts[k], k))
+    return ranked if len(ranked) <= max_tools else ranked[: max_tools - 1] + [OTHER_TOOL]
+
+
+def tool_ids(vocab: Sequence[str], tools: Sequence[str]) -> list[int]:
+    index = {t: i for i, t in enumerate(vocab)}
+    other = index.get(OTHER_TOOL, -1)
+    return [index.get(t, other) for t in tools]

@@ -1,0 +1,176 @@
+"""Diagnosis detectors: each fires on a constructed bad case and stays quiet on a clean one;
+the report writes its Markdown and valid PNGs, and says so when a plot has no data."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from harnessrl import diagnosis as D
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+# ---- Q blow-up --------------------------------------------------------------------------------
+def test_q_blowup_fires_beyond_the_reward_bound():
+    f = D.q_blowup([1.0, -2.0, 25.0, 3.0], reward_bound=20.0)
+    assert f is not None and f.severity == "error" and f.name == "q_blowup"
+    assert f.measures["q_max_abs"] == 25.0 and f.measures["share_beyond"] == pytest.approx(0.25)
+    assert "25" in f.evidence and "20" in f.evidence
+
+
+def test_q_blowup_counts_non_finite_values():
+    f = D.q_blowup([1.0, float("inf"), float("nan")], reward_bound=20.0)
+    assert f is not None and f.measures["share_beyond"] == pytest.approx(2 / 3)
+
+
+def test_q_blowup_quiet_within_bound():
+    assert D.q_blowup([-20.0, 0.0, 19.9], reward_bound=20.0) is None
+    assert D.q_blowup([], reward_bound=20.0) is None
+
+
+# ---- entropy collapse -------------------------------------------------------------------------
+def test_entropy_collapse_fires_when_entropy_falls_to_near_zero():
+    full = math.log(8)
+    curve = [(step, full * max(0.02, 1.0 - step / 50)) for step in range(0, 100, 5)]
+    f = D.entropy_collapse(curve, vocab_size=8)
+    assert f is not None and f.severity == "warn"
+    assert f.measures["entropy_norm_start"] == pytest.approx(1.0)
+    assert f.measures["entropy_norm_end"] == pytest.approx(0.02)
+
+
+def test_entropy_collapse_quiet_on_healthy_or_never_high_curves():
+    full = math.log(8)
+    assert D.entropy_collapse([full * v for v in (1.0, 0.8, 0.6, 0.5, 0.5)], vocab_size=8) is None
+    assert D.entropy_collapse([0.01, 0.01, 0.01], vocab_size=8) is None  # low from the start: not a collapse
+    assert D.entropy_collapse([1.0], vocab_size=8) is None
+
+
+# ---- reward hacking ---------------------------------------------------------------------------
+STEPS = list(range(0, 100, 10))
+
+
+def test_reward_hacking_fires_on_rising_reward_and_flat_success():
+    reward = [(s, 1.0 + 0.1 * s) for s in STEPS]
+    success = [(s, 0.4 + (0.01 if i % 2 else -0.01)) for i, s in enumerate(STEPS)]
+    f = D.reward_hacking(reward, success)
+    assert f is not None and f.severity == "warn"
+    assert f.measures["reward_trend"] == pytest.approx(1.0)
+    assert f.measures["success_gain"] <= 0.02
+
+
+def test_reward_hacking_fires_when_success_falls():
+    f = D.reward_hacking([float(s) for s in STEPS], [0.5 - 0.003 * s for s in STEPS])
+    assert f is not None and f.measures["success_gain"] == pytest.approx(-0.27)
+
+
+def test_reward_hacking_quiet_when_success_rises_with_reward():
+    assert D.reward_hacking([(s, s) for s in STEPS], [(s, 0.1 + 0.005 * s) for s in STEPS]) is None
+
+
+def test_reward_hacking_quiet_when_reward_does_not_rise():
+    assert D.reward_hacking([(s, 5.0) for s in STEPS], [(s, 0.3) for s in STEPS]) is None
+    assert D.reward_hacking([1.0, 2.0, 3.0], [0.1, 0.1, 0.1]) is None  # too few points to call a trend
+
+
+# ---- conflicting transitions and aliased states -----------------------------------------------
+def test_conflicting_transitions_counts_pairs_and_rows():
+    states = ["s1", "s1", "s1", "s2", "s2", "s3"]
+    actions = ["a", "a", "b", "a", "a", "a"]
+    outcomes = [(0.0, False), (1.0, True), (1.0, True), (0.0, False), (0.0, False), (1.0, True)]
+    f = D.conflicting_transitions(states, actions, outcomes)
+    assert f is not None and f.severity == "warn"
+    assert f.measures == {"count": 1.0, "rows": 2.0, "share": pytest.approx(2 / 6)}
+    assert "'s1'" in f.evidence and "'a'" in f.evidence
+
+
+def test_conflicting_transitions_rare_is_info_and_clean_is_quiet():
+    states = [f"s{i}" for i in range(40)] + ["s0"]
+    actions = ["a"] * 41
+    outcomes = [0] * 40 + [1]
+    f = D.conflicting_transitions(states, actions, outcomes)
+    assert f is not None and f.severity == "info" and f.measures["share"] == pytest.approx(2 / 41)
+    assert D.conflicting_transitions(states, actions, [0] * 41) is None
+
+
+def test_aliased_states_with_and_without_actions():
+    states = ["room", "room", "hall", "hall"]
+    nxt = ["dark room", "lit room", "door", "window"]
+    f = D.aliased_states(states, nxt, action_texts=["look", "look", "north", "south"])
+    assert f is not None and f.measures["count"] == 1.0 and f.measures["rows"] == 2.0
+    assert "'room'" in f.evidence
+    assert D.aliased_states(states, nxt).measures["count"] == 2.0
+    assert D.aliased_states(states, ["x", "x", "y", "y"]) is None
+
+
+# ---- action loops -----------------------------------------------------------------------------
+def test_action_loops_rate_and_severity():
+    episodes = [["look", "look", "look"], ["n", "s", "n", "s", "n", "s"], ["take key", "open door"], ["go east"]]
+    f = D.action_loops(episodes)
+    assert f is not None and f.severity == "warn" and f.measures["loop_rate"] == pytest.approx(0.5)
+    few = [["a", "a", "a"]] + [["a", "b"]] * 19
+    assert D.action_loops(few).severity == "info"
+    assert D.action_loops([["a", "b", "a", "b"], ["c"]]) is None
+    assert D.action_loops([]) is None
+
+
+# ---- coverage and OOD -------------------------------------------------------------------------
+def test_thin_coverage_fires_and_names_the_thinnest():
+    f = D.thin_coverage({"t1": 50, "t2": 2, "t3": 1, "t4": 40})
+    assert f is not None and f.severity == "warn" and f.measures["thin_share"] == pytest.approx(0.5)
+    assert f.evidence.index("'t3'") < f.evidence.index("'t2'")
+    assert D.thin_coverage([50, 40, 30, 20, 1]).severity == "info"  # 1 of 5 is under the 25% bar
+    assert D.thin_coverage({"t1": 5, "t2": 9}) is None
+    assert D.thin_coverage({}).severity == "error"
+
+
+def test_ood_rate_levels():
+    assert D.ood_rate([0.1] * 9 + [0.9], threshold=0.5).severity == "warn"
+    assert D.ood_rate([0.9] * 6 + [0.1] * 4, threshold=0.5).severity == "error"
+    assert D.ood_rate([0.1] * 19 + [0.9], threshold=0.5) is None  # 5% is under the 10% bar
+    assert D.ood_rate([], threshold=0.5) is None
+
+
+# ---- report -----------------------------------------------------------------------------------
+def _png_ok(path) -> bool:
+    data = path.read_bytes()
+    return data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR" and len(data) > 100
+
+
+def test_render_report_writes_markdown_and_valid_pngs(tmp_path):
+    rng = np.random.default_rng(0)
+    findings = [D.q_blowup([50.0], 20.0), D.action_loops([["a", "a", "a"], ["b"]]),
+                D.thin_coverage([1, 50, 50, 50, 50])]
+    ret = rng.normal(size=300)
+    arrays = {"q": rng.normal(size=500), "advantage": rng.normal(size=500),
+              "value": ret + rng.normal(scale=0.1, size=300), "return_to_go": ret}
+    curves = {"q_loss": [(s, 1.0 / (s + 1)) for s in range(20)], "td_error": [(0, 1.0), (10, 0.5)], "empty": []}
+    report = D.render_report(findings, {"td": {"mae": 0.25}, "n_tasks": 3}, curves, arrays, tmp_path / "diag")
+    assert report == tmp_path / "diag" / "report.md"
+    text = report.read_text()
+    for f in findings:
+        assert f.name in text and f.what_to_try in text and f.evidence in text
+    assert text.index("[ERROR] q_blowup") < text.index("[WARN] action_loops") < text.index("[INFO] thin_coverage")
+    assert "| td/mae | 0.25 |" in text and "| n_tasks | 3 |" in text
+    for name in ("learning_curves.png", "q_distribution.png", "advantage_hist.png", "value_vs_return.png"):
+        assert _png_ok(tmp_path / "diag" / name)
+        assert f"]({name})" in text
+    assert "Not drawn" not in text
+
+
+def test_render_report_without_data_draws_nothing_and_says_so(tmp_path):
+    out = tmp_path / "diag"
+    out.mkdir()
+    (out / "q_distribution.png").write_bytes(b"stale")
+    report = D.render_report([], {}, {"q_loss": []}, {"q": [float("nan")], "value": [], "return_to_go": []}, out)
+    text = report.read_text()
+    assert "No findings" in text and "_No metrics._" in text
+    assert text.count("_Not drawn: no data._") == 4
+    assert not list(out.glob("*.png"))
+
+
+def test_render_report_rejects_unpaired_value_and_return(tmp_path):
+    with pytest.raises(ValueError):
+        D.render_report([], {}, None, {"value": [1.0, 2.0], "return_to_go": [1.0]}, tmp_path)
