@@ -87,7 +87,7 @@ def _prepare(cfg: PipelineConfig, out: str, recipe, summary: dict) -> tuple[dict
     from harnessrl.pipelines.ingest import ingest
     from harnessrl.pipelines.transitions import build_transitions
 
-    ing = ingest(cfg.data.train, storage.join(out, "ingest"), cfg.data.format)
+    ing = ingest(cfg.data.train, storage.join(out, "ingest"), cfg.data.format, cfg.data.outcomes)
     tr = build_transitions(storage.join(out, "ingest"), storage.join(out, "transitions"), recipe, cfg.render)
     enc = encode(storage.join(out, "transitions"), storage.join(out, "encoded"), cfg.encoder)
     for name, result in (("ingest", ing), ("transitions", tr), ("encode", enc)):

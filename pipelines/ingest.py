@@ -1,12 +1,16 @@
 """Ingest stage: log files -> episodes, steps and quarantine tables (Parquet), on Ray Data.
 
-Every non-blank input line is one record and ends up either in `episodes`/`steps` or in
-`quarantine` with a reason; `records_in == records_ok + records_quarantined` is checked
-before the stage returns.
+A record is one non-blank JSONL line, or a whole file holding one pretty-printed JSON
+document (ATIF trajectories are written that way). Every record ends up either in
+`episodes`/`steps` or in `quarantine` with a reason; `records_in == records_ok +
+records_quarantined` is checked before the stage returns. With `fmt="auto"` each file's format
+is detected from its first record and reported; a file no reader recognises is quarantined
+record by record (`unknown_format`), never silently skipped.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from collections import Counter
@@ -15,8 +19,9 @@ from dataclasses import asdict, dataclass, field
 import pyarrow as pa
 
 from harnessrl import schemas, storage
-from harnessrl.errors import DataError
+from harnessrl.errors import ConfigError, DataError
 from harnessrl.formats import native
+from harnessrl.formats.detect import FORMATS, PARSERS, UNKNOWN, detect_format
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +53,8 @@ class IngestResult:
     by_reason: dict[str, int] = field(default_factory=dict)
     raw_digest: str = ""
     sources: list[str] = field(default_factory=list)
+    formats: dict[str, int] = field(default_factory=dict)  # files read per format
+    outcomes_joined: int = 0
 
     def summary(self) -> dict:
         out = asdict(self)
@@ -55,31 +62,92 @@ class IngestResult:
         return out
 
 
-def _read_lines(row: dict) -> list[dict]:
-    uri = row["uri"]
-    return [{"source_uri": uri, "source_line": no, "line": line} for no, line in storage.iter_lines(uri)]
+SNIFF_BYTES = 64 * 1024
 
 
-def _parse_batch(batch: pa.Table) -> pa.Table:
+def _records(data: bytes) -> list[tuple[int, bytes]]:
+    """(line number, record bytes): JSONL lines, or the whole file when it is one JSON document
+    spread over several lines (its first line alone does not parse)."""
+    lines = [(no, line.rstrip(b"\r\n")) for no, line in enumerate(io.BytesIO(data), start=1)]
+    lines = [(no, line) for no, line in lines if line.strip()]
+    if len(lines) > 1 and lines[0][1].lstrip(b"\xef\xbb\xbf \t").startswith(b"{"):
+        try:
+            json.loads(lines[0][1])
+        except ValueError:
+            try:
+                json.loads(data)
+                return [(lines[0][0], data.strip())]
+            except ValueError:
+                pass  # not one document either: each line is quarantined on its own
+    return lines
+
+
+def file_format(uri: str, fmt: str) -> str:
+    return detect_format(storage.read_bytes(uri)[:SNIFF_BYTES]) if fmt == "auto" else fmt
+
+
+def _read_records(row: dict) -> list[dict]:
+    uri, fmt = row["uri"], row["format"]
+    return [{"source_uri": uri, "source_line": no, "format": fmt, "line": rec}
+            for no, rec in _records(storage.read_bytes(uri))]
+
+
+def _parse(fmt: str, line: bytes, uri: str, no: int):
+    if fmt == UNKNOWN:
+        return native.Quarantined(native.Reason.UNKNOWN_FORMAT, "no reader recognises this file's records; "
+                                  f"give --format (one of {', '.join(FORMATS)})")
+    return PARSERS[fmt](line, uri, no)
+
+
+def _parse_batch(batch: pa.Table, outcomes: dict | None = None) -> pa.Table:
     rows = []
-    for uri, no, line in zip(
-        batch.column("source_uri").to_pylist(), batch.column("source_line").to_pylist(), batch.column("line").to_pylist()
-    ):
-        parsed = native.parse_line(line, uri, no)
+    for uri, no, fmt, line in zip(*(batch.column(c).to_pylist() for c in ("source_uri", "source_line", "format", "line"))):
+        parsed = _parse(fmt, line, uri, no)
+        base = {"source_uri": uri, "source_line": no, "raw_prefix": line[:RAW_PREFIX_CHARS].decode("utf-8", "replace")}
         if isinstance(parsed, native.Quarantined):
-            rows.append(
-                {"source_uri": uri, "source_line": no, "ok": False, "reason": parsed.reason, "detail": parsed.detail,
-                 "raw_prefix": line[:RAW_PREFIX_CHARS].decode("utf-8", "replace"), "episode_id": None,
-                 "episode_json": None, "steps_json": None}
-            )
+            rows.append({**base, "ok": False, "reason": parsed.reason, "detail": parsed.detail, "episode_id": None,
+                         "episode_json": None, "steps_json": None})
         else:
-            rows.append(
-                {"source_uri": uri, "source_line": no, "ok": True, "reason": None, "detail": None,
-                 "raw_prefix": line[:RAW_PREFIX_CHARS].decode("utf-8", "replace"),
-                 "episode_id": parsed.episode["episode_id"], "episode_json": json.dumps(parsed.episode),
-                 "steps_json": json.dumps(parsed.steps)}
-            )
+            if outcomes:
+                join_outcome(parsed.episode, outcomes)
+            rows.append({**base, "ok": True, "reason": None, "detail": None,
+                         "episode_id": parsed.episode["episode_id"], "episode_json": json.dumps(parsed.episode),
+                         "steps_json": json.dumps(parsed.steps)})
     return pa.Table.from_pylist(rows, schema=PARSED)
+
+
+def load_outcomes(uri: str) -> dict[str, dict]:
+    """`--outcomes FILE`: JSONL lines `{"episode_id": NATIVE_ID, "success": bool, "score": number}`."""
+    out: dict[str, dict] = {}
+    for no, line in storage.iter_lines(uri):
+        try:
+            rec = json.loads(line)
+        except ValueError as exc:
+            raise DataError(f"{uri}:{no}: outcomes must be JSON lines: {exc}") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("episode_id"), (str, int)):
+            raise DataError(f"{uri}:{no}: each outcome needs an episode_id")
+        success, score = rec.get("success"), rec.get("score")
+        if (success is not None and not isinstance(success, bool)) or (
+                score is not None and (isinstance(score, bool) or not isinstance(score, (int, float)))):
+            raise DataError(f"{uri}:{no}: success must be true/false and score a number")
+        out[str(rec["episode_id"])] = {"success": success, "score": score}
+    return out
+
+
+def join_outcome(episode: dict, outcomes: dict[str, dict]) -> bool:
+    """A separate outcome (a later judgement, a test run) wins over what the log said inline."""
+    found = outcomes.get(episode["native_id"])
+    if not found:
+        return False
+    if found["success"] is not None:
+        episode["outcome_success"] = found["success"]
+    if found["score"] is not None:
+        episode["outcome_score"] = float(found["score"])
+    episode["evaluable"] = episode.get("outcome_success") is not None or episode.get("outcome_score") is not None
+    meta = json.loads(episode.get("metadata") or "{}")
+    meta["outcome_source"] = "outcomes_file"
+    episode["metadata"] = json.dumps(meta, sort_keys=True)
+    return True
 
 
 def _is_kept(uri: str, line: int, ok: bool, duplicates: frozenset) -> bool:
@@ -134,18 +202,28 @@ def _find_duplicates(keys: pa.Table) -> frozenset:
     return frozenset(dups)
 
 
-def ingest(sources: list[str], out_dir: str, fmt: str = "native") -> IngestResult:
-    """Read `sources`, write `out_dir/{episodes,steps,quarantine}` as Parquet, return the counts."""
+def ingest(sources: list[str], out_dir: str, fmt: str = "native", outcomes: str | None = None) -> IngestResult:
+    """Read `sources`, write `out_dir/{episodes,steps,quarantine}` as Parquet, return the counts.
+
+    `fmt`: one of FORMATS or "auto" (per file). `outcomes`: a JSONL file of episode outcomes
+    joined by native episode id."""
     import ray
 
-    if fmt != "native":
-        raise DataError(f"format {fmt!r} is not supported yet (supported: native)")
+    if fmt != "auto" and fmt not in PARSERS:
+        raise ConfigError(f"unknown format {fmt!r}; use one of: {', '.join(FORMATS)}, auto")
     files = storage.expand_sources(sources)
+    joined = load_outcomes(outcomes) if outcomes else None
     log.info("ingest: %d file(s) from %s", len(files), ", ".join(sources))
     raw_digest = storage.digest_sources(files)
+    per_file = {u: file_format(u, fmt) for u in files}
+    if fmt == "auto":
+        for u, f in per_file.items():
+            log.info("ingest: %s -> format %s%s", u, f, " (no reader recognises it: quarantined)" if f == UNKNOWN else "")
 
-    lines = ray.data.from_items([{"uri": u} for u in files], override_num_blocks=len(files)).flat_map(_read_lines)
-    parsed = lines.map_batches(_parse_batch, batch_format="pyarrow", batch_size=256).materialize()
+    lines = ray.data.from_items([{"uri": u, "format": f} for u, f in per_file.items()],
+                                override_num_blocks=len(files)).flat_map(_read_records)
+    parsed = lines.map_batches(_parse_batch, batch_format="pyarrow", batch_size=256,
+                               fn_kwargs={"outcomes": joined}).materialize()
     keys = pa.concat_tables(
         [ray.get(ref) for ref in parsed.select_columns(["source_uri", "source_line", "ok", "episode_id", "reason"]).to_arrow_refs()]
     ) if parsed.count() else PARSED.empty_table()
@@ -169,9 +247,19 @@ def ingest(sources: list[str], out_dir: str, fmt: str = "native") -> IngestResul
         out_dir=out_dir, files=len(files), records_in=records_in, records_ok=records_ok,
         records_quarantined=quarantined, episodes=records_ok, steps=steps,
         by_reason=dict(sorted(by_reason.items())), raw_digest=raw_digest, sources=files,
+        formats=dict(sorted(Counter(per_file.values()).items())),
     )
+    if joined:
+        result.outcomes_joined = _count_joined(stage["episodes"])
     if records_in != records_ok + quarantined:  # an invariant, not a user error
         raise AssertionError(f"ingest lost records: {result.summary()}")
     log.info("ingest: %d records -> %d episodes, %d steps, %d quarantined %s",
              records_in, records_ok, steps, quarantined, dict(by_reason) or "")
     return result
+
+
+def _count_joined(episodes_dir: str) -> int:
+    import ray
+
+    meta = ray.data.read_parquet(episodes_dir).select_columns(["metadata"]).to_pandas()["metadata"]
+    return int(sum('"outcome_source": "outcomes_file"' in (m or "") for m in meta))

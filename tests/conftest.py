@@ -29,7 +29,8 @@ def harnessrl_home(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def ray_local(harnessrl_home):
+def ray_local(harnessrl_home, s3):
+    """Started after the S3 endpoint so that Ray's workers inherit its AWS_* environment."""
     from harnessrl.ray_runtime import init_ray, shutdown_ray
 
     init_ray(num_cpus=2)

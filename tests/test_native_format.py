@@ -407,3 +407,8 @@ def test_full_record_is_not_mutated_by_parse():
     before = copy.deepcopy(rec)
     ok(rec)
     assert rec == before
+
+
+def test_lone_surrogate_episode_id_is_quarantined_not_raised():
+    out = parse_line(b'{"episode_id": "a\\ud800", "steps": [{"action": "x"}]}', "f.jsonl", 1)
+    assert isinstance(out, Quarantined) and out.reason == Reason.INVALID_UTF8

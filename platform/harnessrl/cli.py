@@ -1,6 +1,7 @@
 """`harnessrl` command line. Exit codes: 0 ok, 1 internal error, 2 bad arguments or config,
 3 data error (unreadable or unusable input), 4 model error (missing model, encoder mismatch),
-130 interrupted. User mistakes print one clear line, never a stack trace.
+5 records quarantined under `ingest --fail-on-quarantine`, 130 interrupted. User mistakes
+print one clear line, never a stack trace.
 """
 
 from __future__ import annotations
@@ -97,6 +98,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+EXIT_QUARANTINED = 5
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from harnessrl.pipelines.ingest import ingest
+    from harnessrl.ray_runtime import init_ray
+
+    init_ray(args.address)
+    r = ingest(args.sources, args.out, args.format, args.outcomes)
+    print(json.dumps({"records_in": r.records_in, "records_ok": r.records_ok, "episodes": r.episodes,
+                      "steps": r.steps, "quarantined": r.records_quarantined, "by_reason": r.by_reason,
+                      "formats": r.formats, "outcomes_joined": r.outcomes_joined, "files": r.files,
+                      "raw_digest": r.raw_digest, "out": r.out_dir}, indent=2))
+    if args.fail_on_quarantine and r.records_quarantined:
+        print(f"harnessrl: {r.records_quarantined} record(s) quarantined (--fail-on-quarantine); "
+              f"see {r.out_dir}/quarantine", file=sys.stderr)
+        return EXIT_QUARANTINED
+    return 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from harnessrl.config import load_pipeline
     from harnessrl.jobs.pipeline import train_only
@@ -164,6 +185,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a local Ray)")
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
     run.set_defaults(fn=cmd_run)
+
+    ing = sub.add_parser("ingest", help="agent logs -> episodes, steps and quarantine tables (Parquet); "
+                                        "prints a JSON summary")
+    ing.add_argument("sources", nargs="+", help="files, directories, globs, s3:// prefixes, builtin:twx-train")
+    ing.add_argument("--format", default="auto",
+                     choices=["native", "openai-chat", "openai-responses", "anthropic", "atif", "auto"],
+                     help="log format; auto detects it per file from its first record (default)")
+    ing.add_argument("--out", required=True, help="output folder (local or s3://)")
+    ing.add_argument("--outcomes", help="JSONL of {episode_id, success, score}, joined by the log's episode id")
+    ing.add_argument("--fail-on-quarantine", action="store_true",
+                     help=f"exit {EXIT_QUARANTINED} when any record was quarantined (strict pipelines)")
+    ing.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a local Ray)")
+    ing.set_defaults(fn=cmd_ingest)
 
     tr = sub.add_parser("train", help="train and register from a pipeline's encoded data (optionally resume a run)")
     tr.add_argument("pipeline")

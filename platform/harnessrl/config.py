@@ -24,7 +24,8 @@ class DataConfig(_Strict):
 
     train: list[str]
     heldout: list[str] = Field(default_factory=list)
-    format: Literal["native"] = "native"
+    format: Literal["native", "openai-chat", "openai-responses", "anthropic", "atif", "auto"] = "native"
+    outcomes: str | None = Field(None, description="JSONL of {episode_id, success, score} joined by native id")
 
 
 class RenderConfig(_Strict):

@@ -154,6 +154,10 @@ def _episode(record: dict[str, Any], source_uri: str, line_no: int) -> ParsedEpi
     if not isinstance(native_id, (str, int)) or isinstance(native_id, bool):
         raise _Bad(Reason.WRONG_TYPE, "episode_id must be a string or integer")
     native_id = str(native_id)
+    try:
+        native_id.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from a JSON escape: no stable id can be made
+        raise _Bad(Reason.INVALID_UTF8, "episode_id is not valid Unicode") from None
     if "steps" not in record:
         raise _Bad(Reason.MISSING_STEPS, "steps is missing")
     if not isinstance(record["steps"], list):
