@@ -20,7 +20,8 @@ from harnessrl.rewards import RewardRecipe
 from harnessrl.transitions import episode_transitions
 
 log = logging.getLogger(__name__)
-EPISODE_FIELDS = ["episode_id", "task_id", "group_id", "task_text", "terminated", "outcome_success", "outcome_score"]
+EPISODE_FIELDS = ["episode_id", "task_id", "group_id", "task_text", "terminated", "outcome_success", "outcome_score",
+                  "tool_definitions"]
 
 
 @dataclass

@@ -118,6 +118,24 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from harnessrl.jobs.evaluate import evaluate
+    from harnessrl.metrics import format_table
+    from harnessrl.ray_runtime import init_ray
+
+    init_ray(args.address)
+    r = evaluate(model_uri(args.model), args.data, args.format, args.out, args.max_steps,
+                 log_to_mlflow=not args.no_mlflow)
+    if args.json:
+        print(json.dumps(r.summary(), indent=2, default=str))
+        return 0
+    print(format_table(r.metrics, title=f"{r.model['name']} version {r.model['version']}: offline evaluation"))
+    for f in r.findings:
+        print(f"[{f['severity']}] {f['name']}: {f['evidence']}\n    try: {f['what_to_try']}")
+    print(f"report: {r.report}" + (f"  (MLflow run {r.mlflow_run_id})" if r.mlflow_run_id else ""))
+    return 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from harnessrl.config import load_pipeline
     from harnessrl.jobs.pipeline import train_only
@@ -198,6 +216,22 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"exit {EXIT_QUARANTINED} when any record was quarantined (strict pipelines)")
     ing.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a local Ray)")
     ing.set_defaults(fn=cmd_ingest)
+
+    ev = sub.add_parser("evaluate", help="offline metrics and a diagnosis report of a critic on held-out logs")
+    ev.add_argument("--model", required=True, help="NAME@ALIAS, NAME/VERSION, models:/... or a critic folder")
+    ev.add_argument("--data", nargs="+", required=True, help="held-out logs: files, dirs, globs, s3://, builtin:")
+    ev.add_argument("--format", default="auto",
+                    choices=["native", "openai-chat", "openai-responses", "anthropic", "atif", "auto"])
+    ev.add_argument("--out", help="local folder for the held-out tables and the report (default: a temp dir)")
+    ev.add_argument("--max-steps", type=int, help="evaluate at most this many held-out steps")
+    ev.add_argument("--no-mlflow", action="store_true", help="do not log an evaluation run to MLflow")
+    ev.add_argument("--json", action="store_true", help="print the result as JSON")
+    ev.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a local Ray)")
+    ev.set_defaults(fn=cmd_evaluate)
+
+    from harnessrl import cli_rewards
+
+    cli_rewards.register(sub)
 
     tr = sub.add_parser("train", help="train and register from a pipeline's encoded data (optionally resume a run)")
     tr.add_argument("pipeline")

@@ -38,14 +38,11 @@ def episode_transitions(
         s.get("result_text") or (steps[t + 1].get("obs_text") or "" if t + 1 < n else "") for t, s in enumerate(steps)
     ]
     turns = [Turn(s["action_text"], results[t]) for t, s in enumerate(steps)]
-    components = recipe.step_rewards(episode, steps)
-    rewards = [sum(c.values()) for c in components]
-    rtg, acc = [0.0] * n, 0.0
-    for t in range(n - 1, -1, -1):
-        acc += rewards[t]
-        rtg[t] = acc
+    # Rewards per kept step: a safety stop ends the episode at its step (done), later steps are dropped.
+    scored = recipe.evaluate(episode, steps)
+    components, rewards, rtg, stop = scored.components, scored.rewards, scored.return_to_go, scored.terminate_at
     out = []
-    for t, s in enumerate(steps):
+    for t, s in enumerate(steps[: len(components)]):
         obs = s.get("obs_text") or ""
         next_obs = steps[t + 1].get("obs_text") or "" if t + 1 < n else results[t]
         out.append(
@@ -61,8 +58,8 @@ def episode_transitions(
                 "reward": rewards[t],
                 "reward_components": components[t],
                 "next_state_text": render_state(task, turns[: t + 1], next_obs, window, max_chars),
-                "done": bool(s.get("terminated")),
-                "truncated": bool(s.get("truncated")),
+                "done": bool(s.get("terminated")) or t == stop,
+                "truncated": bool(s.get("truncated")) and t != stop,
                 "return_to_go": rtg[t],
                 "outcome_success": episode.get("outcome_success"),
                 "candidates": s.get("candidates"),

@@ -1,0 +1,238 @@
+"""Offline evaluation of a critic on held-out logs (DESIGN §7): metrics, MLflow, diagnosis report.
+
+The held-out logs go through the same ingest and transitions code as training, rendered with
+the model's own settings, so the critic sees exactly what it would see in serving. Offline
+figures explain a model; they do not predict closed-loop success (bench/twx.py measures that).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from harnessrl import diagnosis, metrics, storage
+from harnessrl.errors import DataError
+
+log = logging.getLogger(__name__)
+LATENCY_REQUESTS = 50  # single decide() calls timed one by one
+CURVES = ("loss_q", "loss_v", "td_error", "q_abs_max", "tool_policy_entropy")
+
+
+@dataclass
+class EvaluationResult:
+    model: dict[str, Any]
+    metrics: dict[str, float]
+    findings: list[dict[str, Any]]
+    report: str | None
+    mlflow_run_id: str | None
+    seconds: float
+    sizes: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+def _critic_values(critic, rows: list[dict]) -> dict[str, np.ndarray]:
+    """Q(s, a) of the logged actions, V(s), V(s') in reward units (one encode of each distinct text)."""
+    import torch
+
+    texts = list(dict.fromkeys(t for r in rows for t in (r["state_text"], r["action_text"], r["next_state_text"])))
+    index = {t: i for i, t in enumerate(texts)}
+    emb = torch.from_numpy(critic.encode(texts)).float()
+    s = emb[[index[r["state_text"]] for r in rows]]
+    a = emb[[index[r["action_text"]] for r in rows]]
+    s2 = emb[[index[r["next_state_text"]] for r in rows]]
+    f = torch.tensor([r["features"] for r in rows], dtype=torch.float32) if critic.uses_features else None
+    with torch.no_grad():
+        q = critic.net.q.min_q(s, a, f).numpy()
+        v, v2 = critic.net.v(s).numpy(), critic.net.v(s2).numpy()
+    out = {"q": q, "v": v, "v_next": v2, "state_emb": s.numpy()}
+    for k in ("q", "v", "v_next"):
+        out[k] = out[k].astype(np.float64) / critic.reward_scale
+    return out
+
+
+def _candidate_rows(rows: list[dict]) -> list[dict]:
+    from harnessrl.evaluation import candidate_features
+
+    return [{**r, "cands": list(r["candidates"]), "cand_f": candidate_features(r, list(r["candidates"]))}
+            for r in rows if r.get("candidates") and len(r["candidates"]) > 1]
+
+
+def _decisions(critic, rows: list[dict]) -> dict[str, Any]:
+    """Scores of every candidate of every step that logged candidates; expert top-1 where known."""
+    with_c = _candidate_rows(rows)
+    scores: list[list[float]] = []
+    for i in range(0, len(with_c), 64):
+        part = with_c[i:i + 64]
+        feats = [r["cand_f"] for r in part]
+        scores += critic.score_batch([(r["state_text"], r["cands"]) for r in part],
+                                     features=feats if all(x is not None for x in feats) else None)
+    experts = []
+    for r in with_c:
+        expert = json.loads(r.get("info") or "{}").get("expert_action")
+        experts.append(r["cands"].index(expert) if expert in r["cands"] else None)
+    return {"rows": with_c, "scores": scores, "experts": experts}
+
+
+def _tool_metrics(critic, rows: list[dict], state_emb: np.ndarray) -> dict[str, float]:
+    """Entropy of the tool head's policy and how often its choice is not among the step's tools."""
+    import torch
+
+    from harnessrl.features import tool_name
+
+    if critic.tool_head is None:
+        return {}
+    with torch.no_grad():
+        probs = torch.softmax(critic.tool_head.pi(torch.from_numpy(state_emb)), dim=1).numpy()
+    out = {f"tool_{k}": v for k, v in metrics.policy_entropy(probs).items()}
+    tool_from = critic.render.get("tool_from", "calls")
+    vocab = {t: i for i, t in enumerate(critic.tool_vocab)}
+    idx = [i for i, r in enumerate(rows) if r.get("candidates")]
+    if idx:
+        mask = np.zeros((len(idx), len(vocab)), bool)
+        for j, i in enumerate(idx):
+            for c in rows[i]["candidates"]:
+                if tool_name(c, tool_from) in vocab:
+                    mask[j, vocab[tool_name(c, tool_from)]] = True
+        out["invalid_tool_rate"] = metrics.invalid_tool_rate(probs[idx].argmax(1), mask)
+    return out
+
+
+def _latency(critic, cand_rows: list[dict]) -> dict[str, float]:
+    seconds = []
+    for r in cand_rows[:LATENCY_REQUESTS]:
+        t0 = time.perf_counter()
+        critic.decide(r["state_text"], r["cands"])
+        seconds.append(time.perf_counter() - t0)
+    return {f"latency_{k}": v for k, v in metrics.latency_summary(seconds).items()}
+
+
+def _episode_selection(rows: list[dict], q: np.ndarray) -> dict[str, float]:
+    """Attempts of the same task scored by the mean Q of their logged actions."""
+    by_ep: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_ep.setdefault(r["episode_id"], []).append(i)
+    eps = [(rows[ix[0]]["task_id"], float(np.mean(q[ix])), bool(rows[ix[0]]["outcome_success"]))
+           for ix in by_ep.values() if rows[ix[0]]["outcome_success"] is not None]
+    if not eps:
+        return {"selection_lift": float("nan"), "n_tasks": 0}
+    tasks, scores, ok = zip(*eps)
+    return metrics.selection_lift(tasks, scores, ok)
+
+
+def _training_curves(critic) -> dict[str, list[tuple[int, float]]]:
+    run_id = (critic.meta.get("lineage") or {}).get("mlflow_run_id")
+    if not run_id:
+        return {}
+    from harnessrl import registry
+
+    client = registry.client()
+    curves = {}
+    for key in CURVES:
+        try:
+            history = client.get_metric_history(run_id, f"train/{key}")
+        except Exception:  # the training run lives in another tracking store
+            return {}
+        if history:
+            curves[key] = [(m.step, m.value) for m in sorted(history, key=lambda m: m.step)]
+    return curves
+
+
+def _findings(critic, rows, values, scale, curves) -> list:
+    gamma = float(critic.meta["iql"]["gamma"])
+    r_max = float(np.max(np.abs([r["reward"] for r in rows]))) if rows else 1.0
+    states = [r["state_text"] for r in rows]
+    actions = [r["action_text"] for r in rows]
+    found = [
+        diagnosis.q_blowup(values["q"], metrics.reward_bound(r_max, gamma)),
+        # per-step outcome: what the step itself earned and whether it ended the episode
+        diagnosis.conflicting_transitions(states, actions, [(round(r["reward"], 3), r["done"]) for r in rows]),
+        diagnosis.aliased_states(states, [r["next_state_text"] for r in rows], actions),
+        diagnosis.thin_coverage({t: n for t, n in scale.items()}),
+    ]
+    if "tool_policy_entropy" in curves and critic.tool_vocab:
+        found.append(diagnosis.entropy_collapse(curves["tool_policy_entropy"], len(critic.tool_vocab)))
+    return [f for f in found if f is not None]
+
+
+def evaluate(model_uri: str, sources: list[str], fmt: str = "auto", out_dir: str | None = None,
+             max_steps: int | None = None, log_to_mlflow: bool = True,
+             experiment: str = "harnessrl-evaluate") -> EvaluationResult:
+    """Score held-out logs with the critic at `model_uri`; returns metrics, findings and the report path."""
+    from harnessrl.config import RenderConfig
+    from harnessrl.critic import Critic
+    from harnessrl.pipelines.ingest import ingest
+    from harnessrl.pipelines.transitions import build_transitions
+    from harnessrl.rewards import load_recipe
+
+    started = time.time()
+    critic = Critic.load(model_uri)
+    out = out_dir or tempfile.mkdtemp(prefix="harnessrl-eval-")
+    recipe = load_recipe((critic.meta.get("lineage") or {}).get("reward_recipe") or "default")
+    ing = ingest(sources, storage.join(out, "ingest"), fmt)
+    if ing.episodes == 0:
+        raise DataError(f"no valid episodes in {', '.join(sources)} ({ing.records_quarantined} quarantined)")
+    build_transitions(storage.join(out, "ingest"), storage.join(out, "transitions"), recipe,
+                      RenderConfig(**critic.render))
+    import pyarrow.dataset as pads
+
+    fs, path = storage.filesystem(storage.join(out, "transitions"))
+    rows = sorted(pads.dataset(path, filesystem=fs, format="parquet").to_table().to_pylist(),
+                  key=lambda r: (r["episode_id"], r["step_idx"]))
+    if max_steps:
+        rows = rows[:max_steps]
+    values = _critic_values(critic, rows)
+    gamma = float(critic.meta["iql"]["gamma"])
+    r = np.array([x["reward"] for x in rows])
+    done = np.array([x["done"] for x in rows])
+    figures: dict[str, float] = {"steps": len(rows), "episodes": len({x["episode_id"] for x in rows})}
+    figures.update(metrics.td_error(values["q"], r, done, values["v_next"], gamma))
+    figures.update(metrics.value_scale(values["v"], float(np.max(np.abs(r))) if len(r) else 1.0, gamma))
+    figures["spearman_v_rtg"] = metrics.spearman(values["v"], [x["return_to_go"] for x in rows])
+    figures.update(_episode_selection(rows, values["q"]))
+    dec = _decisions(critic, rows)
+    figures.update({f"expert_{k}": v for k, v in metrics.top1_rate(dec["scores"], dec["experts"]).items()})
+    figures["fallback_rate"] = metrics.fallback_rate([max(s) for s in dec["scores"]], critic.threshold)
+    figures.update(_tool_metrics(critic, rows, values["state_emb"]))
+    figures.update(_latency(critic, dec["rows"]))
+    per_task: dict[str, int] = {}
+    for x in rows:
+        per_task[x["task_id"]] = per_task.get(x["task_id"], 0) + 1
+    curves = _training_curves(critic)
+    findings = _findings(critic, rows, values, per_task, curves)
+    report = diagnosis.render_report(
+        findings, figures, curves,
+        {"q": values["q"], "advantage": values["q"] - values["v"], "value": values["v"],
+         "return_to_go": np.array([x["return_to_go"] for x in rows])},
+        storage.join(out, "report"), title=f"harnessrl diagnosis: {critic.name} v{critic.version}")
+    run_id = _log(critic, figures, findings, report, experiment) if log_to_mlflow else None
+    model = {"name": critic.name, "version": critic.version, "uri": model_uri}
+    log.info("evaluate: %d held-out steps of %d episodes in %.0f s; %d finding(s)", len(rows),
+             figures["episodes"], time.time() - started, len(findings))
+    return EvaluationResult(model=model, metrics=figures, findings=[f.to_dict() for f in findings],
+                            report=str(report), mlflow_run_id=run_id, seconds=time.time() - started,
+                            sizes={"records_in": ing.records_in, "quarantined": ing.records_quarantined})
+
+
+def _log(critic, figures: dict, findings: list, report, experiment: str) -> str:
+    import math
+
+    import mlflow
+
+    from harnessrl import registry
+
+    experiment_id = registry.ensure_experiment(experiment)
+    with mlflow.start_run(experiment_id=experiment_id, run_name=f"evaluate-{critic.name}-v{critic.version}") as run:
+        mlflow.set_tags({"harnessrl.model": critic.name, "harnessrl.model_version": str(critic.version)})
+        mlflow.log_metrics({f"eval/{k}": float(v) for k, v in figures.items()
+                            if isinstance(v, (int, float)) and math.isfinite(v)})
+        mlflow.log_dict({"findings": [f.to_dict() for f in findings]}, "findings.json")
+        mlflow.log_artifacts(str(report.parent), artifact_path="diagnosis")
+        return run.info.run_id
