@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from harnessrl import schemas, storage
 from harnessrl.errors import ConfigError, DataError
-from harnessrl.formats import native
+from harnessrl.formats import decisions, native
 from harnessrl.formats.detect import FORMATS, PARSERS, UNKNOWN, detect_format
 
 log = logging.getLogger(__name__)
@@ -209,19 +209,25 @@ def ingest(sources: list[str], out_dir: str, fmt: str = "native", outcomes: str 
     joined by native episode id."""
     import ray
 
-    if fmt != "auto" and fmt not in PARSERS:
-        raise ConfigError(f"unknown format {fmt!r}; use one of: {', '.join(FORMATS)}, auto")
+    if fmt != "auto" and fmt not in PARSERS and fmt != decisions.FORMAT:
+        raise ConfigError(f"unknown format {fmt!r}; use one of: {', '.join(FORMATS)}, {decisions.FORMAT}, auto")
     files = storage.expand_sources(sources)
     joined = load_outcomes(outcomes) if outcomes else None
     log.info("ingest: %d file(s) from %s", len(files), ", ".join(sources))
     raw_digest = storage.digest_sources(files)
-    per_file = {u: file_format(u, fmt) for u in files}
-    if fmt == "auto":
-        for u, f in per_file.items():
-            log.info("ingest: %s -> format %s%s", u, f, " (no reader recognises it: quarantined)" if f == UNKNOWN else "")
-
-    lines = ray.data.from_items([{"uri": u, "format": f} for u, f in per_file.items()],
-                                override_num_blocks=len(files)).flat_map(_read_records)
+    if fmt == decisions.FORMAT:  # a decision log is regrouped into episodes first (driver side)
+        per_file = {f"decisions:{s}": "native" for s in sources}
+        lines = ray.data.from_items([{"source_uri": f"decisions:{','.join(sources)}", "source_line": i,
+                                      "format": "native", "line": line}
+                                     for i, line in enumerate(decisions.to_native_lines(sources), start=1)])
+    else:
+        per_file = {u: file_format(u, fmt) for u in files}
+        if fmt == "auto":
+            for u, f in per_file.items():
+                log.info("ingest: %s -> format %s%s", u, f,
+                         " (no reader recognises it: quarantined)" if f == UNKNOWN else "")
+        lines = ray.data.from_items([{"uri": u, "format": f} for u, f in per_file.items()],
+                                    override_num_blocks=len(files)).flat_map(_read_records)
     parsed = lines.map_batches(_parse_batch, batch_format="pyarrow", batch_size=256,
                                fn_kwargs={"outcomes": joined}).materialize()
     keys = pa.concat_tables(

@@ -63,6 +63,26 @@ class SelectToolResponse(BaseModel):
     model: ModelRef
 
 
+class Outcome(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    success: bool | None = None
+    score: float | None = None
+
+
+class FeedbackRequest(BaseModel):
+    """What happened after a decision: joined to the decision log offline by `decision_id`."""
+
+    model_config = ConfigDict(extra="forbid")
+    decision_id: str = Field(min_length=1, max_length=64)
+    agent_id: str | None = Field(None, max_length=200)
+    outcome: Outcome
+    detail: str | None = Field(None, max_length=MAX_TEXT_CHARS)
+
+
+class FeedbackResponse(BaseModel):
+    accepted: bool
+
+
 class ModelInfo(BaseModel):
     model: ModelRef
     fallback_threshold: float | None

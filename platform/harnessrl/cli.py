@@ -155,15 +155,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import signal
     import time
 
+    from harnessrl import settings
     from harnessrl.ray_runtime import init_ray
     from harnessrl.serving import app as serving
 
     uri = model_uri(args.model)
     init_ray(args.address)
     try:
-        url = serving.start(uri, args.host, args.port, args.max_batch_size)
-        print(f"serving {uri} at {url}  (POST /v1/score, GET /v1/model, GET /healthz, docs at {url}/docs); "
-              "Ctrl-C stops", flush=True)
+        decisions = args.decision_log or str(settings.home() / "decisions")
+        url = serving.start(uri, args.host, args.port, args.max_batch_size, decision_log=decisions,
+                            max_queued_requests=args.max_queued_requests)
+        print(f"serving {uri} at {url}  (POST /v1/score, /v1/select_tool, /v1/feedback; GET /v1/model, /healthz; "
+              f"docs at {url}/docs); decisions logged to {decisions}; Ctrl-C stops", flush=True)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
@@ -208,8 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
                                         "prints a JSON summary")
     ing.add_argument("sources", nargs="+", help="files, directories, globs, s3:// prefixes, builtin:twx-train")
     ing.add_argument("--format", default="auto",
-                     choices=["native", "openai-chat", "openai-responses", "anthropic", "atif", "auto"],
-                     help="log format; auto detects it per file from its first record (default)")
+                     choices=["native", "openai-chat", "openai-responses", "anthropic", "atif", "decisions", "auto"],
+                     help="log format; auto detects it per file from its first record (default); decisions "
+                          "reads a service's decision log folder with its feedback")
     ing.add_argument("--out", required=True, help="output folder (local or s3://)")
     ing.add_argument("--outcomes", help="JSONL of {episode_id, success, score}, joined by the log's episode id")
     ing.add_argument("--fail-on-quarantine", action="store_true",
@@ -245,6 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--max-batch-size", type=int, default=32)
+    serve.add_argument("--max-queued-requests", type=int, default=256, help="beyond this: 429 + Retry-After")
+    serve.add_argument("--decision-log", help="folder (local or s3://) for decisions and feedback "
+                                              "(default: $HARNESSRL_HOME/decisions)")
     serve.add_argument("--address", help="Ray cluster address")
     serve.set_defaults(fn=cmd_serve)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from harnessrl.errors import ConfigError
 
@@ -38,14 +38,45 @@ class RenderConfig(_Strict):
 
 
 class EncoderConfig(_Strict):
-    model: str = "builtin:all-MiniLM-L6-v2"
-    batch_size: int = Field(128, ge=1)
+    """The encode stage: a Ray Data actor pool running a sentence-transformers model.
+
+    The pool adapts to the cluster at stage start (see `pipelines/encode.py: plan_pool`):
+    actors that do not fit beside the stage's read tasks are dropped or given a smaller CPU
+    share, never left waiting; GPU options are checked against the cluster there too."""
+
+    model: str = Field("builtin:all-MiniLM-L6-v2", description="builtin name or a local sentence-transformers folder")
+    batch_size: int = Field(128, ge=1, description="texts per forward pass at max_seq_length (shorter texts: more)")
     max_seq_length: int | None = Field(None, ge=8, description="token cap per text; None = the model's own")
     max_candidates: int = Field(16, ge=0, description="untaken candidates embedded per step (for the penalty)")
-    actors: int | None = Field(None, ge=1, description="actor pool size; None = fit the cluster")
+    actors: int | None = Field(None, ge=1, description="fixed actor pool size; None = fit the cluster")
+    min_actors: int | None = Field(None, ge=1, description="autoscaling pool: smallest size (None: max_actors)")
+    max_actors: int | None = Field(None, ge=1, description="autoscaling pool: largest size (None: fit the cluster)")
     cpus_per_actor: float = Field(0.5, gt=0)
-    gpus_per_actor: float = Field(0.0, ge=0)
-    dtype: Literal["float32", "float16"] = "float32"
+    gpus_per_actor: float = Field(0.0, ge=0, description="0: CPU actors; 1: one GPU each; 0.5: two share a GPU")
+    precision: Literal["auto", "float32", "float16"] = Field(
+        "auto", description="model weights: auto = float16 on GPU, float32 on CPU")
+    dtype: Literal["float32", "float16"] = Field("float32", description="stored embedding columns")
+    block_texts: int = Field(512, ge=16, description="distinct texts per encoder call (one length band of one bucket)")
+    cache: str | None = Field(None, description="persistent embedding cache: a local folder or s3:// URI; None = off")
+
+    @model_validator(mode="after")
+    def _check(self) -> "EncoderConfig":
+        if self.actors is not None and (self.min_actors is not None or self.max_actors is not None):
+            raise ValueError("set either actors (a fixed pool) or min_actors/max_actors (an autoscaling pool), not both")
+        if self.min_actors is not None and self.max_actors is not None and self.min_actors > self.max_actors:
+            raise ValueError(f"min_actors ({self.min_actors}) is larger than max_actors ({self.max_actors})")
+        if self.gpus_per_actor > 1:
+            raise ValueError(f"gpus_per_actor {self.gpus_per_actor}: one encoder actor uses at most one GPU; "
+                             "set 1 (or a fraction to share a GPU) and let the pool grow to the cluster's GPUs")
+        if self.precision == "float16" and self.gpus_per_actor == 0:
+            raise ValueError("precision float16 needs GPU actors (gpus_per_actor > 0); on CPUs use auto or float32")
+        if self.cache is not None:
+            cache = self.cache.strip()
+            if not cache:
+                raise ValueError("cache: empty; use a local folder, an s3:// URI, or leave it unset")
+            if "://" in cache and not cache.startswith(("s3://", "file://")):
+                raise ValueError(f"cache {cache!r}: use a local folder or an s3:// URI")
+        return self
 
 
 class TrainConfig(_Strict):
@@ -90,6 +121,9 @@ class ServeConfig(_Strict):
     max_batch_size: int = Field(32, ge=1)
     batch_wait_timeout_s: float = Field(0.01, ge=0)
     smoke_requests: int = Field(5, ge=0, description="held-out states scored over HTTP at the end of a run")
+    decision_log: str | None = Field(None, description="folder (local or s3://) for the decision and feedback log")
+    max_ongoing_requests: int = Field(64, ge=1, description="requests in flight per replica (>= max_batch_size)")
+    max_queued_requests: int = Field(256, ge=1, description="beyond this, requests get 429 + Retry-After")
 
 
 class PipelineConfig(_Strict):

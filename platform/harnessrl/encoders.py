@@ -35,10 +35,16 @@ class EncoderIdentity:
         data = json.loads(text) if isinstance(text, str) else text
         return cls(**data)
 
+    def digest(self) -> str:
+        """Short content key of the identity (names embedding-cache folders)."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
     def check_same(self, other: "EncoderIdentity", where: str) -> None:
         if self != other:
+            differ = ", ".join(f"{k}: {v!r} vs {getattr(other, k)!r}" for k, v in asdict(self).items()
+                               if getattr(other, k) != v)
             raise ModelError(
-                f"encoder mismatch in {where}: embeddings were made with {self.to_json()} "
+                f"encoder mismatch in {where} ({differ}): embeddings were made with {self.to_json()} "
                 f"but the loaded encoder is {other.to_json()}"
             )
 
@@ -73,6 +79,64 @@ def _weights_hash(path: str) -> str:
     return "sha256:" + digest.hexdigest()[:16]
 
 
+def _module_type(entry: dict) -> str:
+    return str(entry.get("type", "")).rsplit(".", 1)[-1]
+
+
+def _identity_from_files(name: str, path: str, max_seq_length: int | None) -> EncoderIdentity | None:
+    """The identity read from a sentence-transformers folder's config files, without loading
+    weights; None when the folder holds modules this reader does not know (the caller then
+    loads the model). Encoder actors compare it with the loaded model's identity, so a wrong
+    reading is an error, never a silent mismatch."""
+    root = Path(path)
+    try:
+        modules = json.loads((root / "modules.json").read_text())
+        model_max = json.loads((root / "sentence_bert_config.json").read_text())["max_seq_length"]
+        dim, normalize = None, False
+        for entry in modules:
+            kind, sub = _module_type(entry), root / entry.get("path", "")
+            if kind == "Transformer":
+                continue
+            if kind == "Pooling":
+                conf = json.loads((sub / "config.json").read_text())
+                width = conf.get("embedding_dimension", conf.get("word_embedding_dimension"))
+                mode = conf.get("pooling_mode")
+                if mode is None:
+                    n_modes = sum(bool(v) for k, v in conf.items() if k.startswith("pooling_mode_")) or 1
+                else:
+                    n_modes = 1 if isinstance(mode, str) else len(mode)
+                dim = int(width) * n_modes
+            elif kind == "Dense":
+                dim = int(json.loads((sub / "config.json").read_text())["out_features"])
+            elif kind == "Normalize":
+                normalize = True
+            else:
+                return None
+        if not dim or not model_max or _module_type(modules[0]) != "Transformer":
+            return None
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
+    limit = int(model_max) if not max_seq_length else min(int(max_seq_length), int(model_max))
+    return EncoderIdentity(model_name=_display_name(name, path), weights_hash=_weights_hash(path), dim=dim,
+                           normalize=normalize, max_seq_length=limit)
+
+
+def _display_name(name: str, path: str) -> str:
+    return name if name == BUILTIN_MINILM else Path(path).name
+
+
+@lru_cache(maxsize=16)
+def encoder_identity(name: str = BUILTIN_MINILM, max_seq_length: int | None = None) -> EncoderIdentity:
+    """The identity `load_encoder(name, max_seq_length=...)` would report, read from the model's
+    files when possible (no weights loaded: the driver of a Ray job stays small), else by
+    loading the model once."""
+    path = resolve_model_path(name)
+    found = _identity_from_files(name, path, max_seq_length)
+    if found is None:
+        found = load_encoder(name, "cpu", max_seq_length)[1]
+    return found
+
+
 def load_encoder(name: str = BUILTIN_MINILM, device: str | None = None, max_seq_length: int | None = None):
     """Load a sentence-transformers model offline; returns (model, identity).
 
@@ -91,7 +155,7 @@ def load_encoder(name: str = BUILTIN_MINILM, device: str | None = None, max_seq_
         model.max_seq_length = min(int(max_seq_length), int(model.max_seq_length))
     normalize = any(type(m).__name__ == "Normalize" for m in model)
     identity = EncoderIdentity(
-        model_name=name if name == BUILTIN_MINILM else Path(path).name,
+        model_name=_display_name(name, path),
         weights_hash=_weights_hash(path),
         dim=int(model.get_embedding_dimension()),
         normalize=normalize,

@@ -1,0 +1,97 @@
+"""bench/twx.py, reduced configuration, end to end: real textworld-express, the real critic
+service (the session's "it-critic" from the pipeline_run fixture, served over HTTP), BC trained
+on that run's encoded data. Checks the table's structure and invariants, never wall time."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench(pipeline_run, tmp_path_factory):
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import twx
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    out = tmp_path_factory.mktemp("bench_twx")
+    argv = ["--reduced", "--model", "it-critic@champion",
+            "--encoded", str(Path(pipeline_run["output_dir"]) / "encoded"),
+            "--scorers", "critic,mix,random,bc,expert", "--bc-steps", "60",
+            "--json", str(out / "twx.json"), "--markdown", str(out / "twx.md")]
+    assert twx.main(argv) == 0
+    return {"results": json.loads((out / "twx.json").read_text()), "markdown": (out / "twx.md").read_text(),
+            "twx": twx}
+
+
+def test_every_scorer_played_every_seed(bench):
+    res = bench["results"]
+    cfg = res["config"]
+    assert len(cfg["families"]) >= 2 and cfg["tiers"] == ["id", "ood"]
+    played = {(e["scorer"], e["tier"], e["family"], e["seed"]) for e in res["episodes"]}
+    for key, seeds in res["seeds"].items():
+        tier, family = key.split("|")
+        assert len(seeds) == cfg["seeds_per_family"]
+        for seed in seeds:
+            for scorer in cfg["scorers"]:
+                assert (scorer, tier, family, seed) in played
+    assert len(res["episodes"]) == len(played)
+
+
+def test_seed_tiers_are_disjoint_from_the_logs(bench):
+    twx = bench["twx"]
+    used = twx.used_seeds(twx.read_records("twx_train") + twx.read_records("twx_test"))
+    for key, seeds in bench["results"]["seeds"].items():
+        tier, family = key.split("|")
+        fold = twx.TIERS[tier]
+        for seed in seeds:
+            assert (family, fold, seed) not in used
+            assert (seed < 20000) == (tier == "id")  # train fold 0-999, test fold 20000-20999
+
+
+def test_table_invariants(bench):
+    res = bench["results"]
+    cfg = res["config"]
+    for scorer in cfg["scorers"]:
+        for tier in cfg["tiers"]:
+            for family in [*cfg["families"], "all"]:
+                m = res["table"][f"{scorer}|{tier}|{family}"]
+                n_expected = cfg["seeds_per_family"] * (len(cfg["families"]) if family == "all" else 1)
+                assert m["episodes"] == n_expected
+                assert 0.0 <= m["success"] <= 1.0 and 0.0 <= m["loop_rate"] <= 1.0
+                lo, hi = m["ci95"]
+                assert 0.0 <= lo <= m["success"] <= hi <= 1.0
+                if m["successes"]:
+                    assert 1 <= m["mean_steps_to_success"] <= cfg["max_steps"]
+                else:
+                    assert m["mean_steps_to_success"] is None
+                if scorer == "expert":
+                    assert m["success"] == 1.0
+                if scorer == "critic":
+                    assert m["fallback_rate"] is not None and 0.0 <= m["fallback_rate"] <= 1.0
+    for e in res["episodes"]:
+        assert 1 <= e["steps"] <= cfg["max_steps"]
+        if e["scorer"] == "critic":
+            assert e["decisions"] == e["steps"]  # every step went through the service
+    assert "| scorer |" in bench["markdown"] and "critic" in bench["markdown"]
+
+
+def test_wilson_interval():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import twx
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    assert twx.wilson(0, 0) == (0.0, 1.0)
+    lo, hi = twx.wilson(5, 10)
+    assert lo < 0.5 < hi and abs((0.5 - lo) - (hi - 0.5)) < 1e-12
+    lo, hi = twx.wilson(10, 10)
+    assert hi == 1.0 and 0.6 < lo < 0.8  # 0.722
