@@ -283,7 +283,8 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
 
     from harnessrl import settings, storage
     from harnessrl.algorithms.iql import IQLConfig, IQLNetwork
-    from harnessrl.model_files import save_critic
+    from harnessrl.model_files import save_critic, save_ood_reference
+    from harnessrl.ood import fit_reference
     from harnessrl.training_state import load_network_weights
 
     start = time.time()
@@ -338,11 +339,14 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
     net.eval()
     threshold = _fallback_threshold(net, data, scale, cfg.fallback_quantile, feature_dim > 0)
     metrics = {k: float(v) for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
+    reference, ood_threshold = fit_reference(data["state_emb"], cfg.seed)
     save_critic(model_dir, net, {**meta, "iql": iql.to_dict(), "reward_scale": scale,
+                                 "ood": {"threshold": ood_threshold, "n_reference": len(reference)},
                                  "feature_names": list(FEATURE_NAMES) if feature_dim else [],
                                  "fallback_threshold": threshold, "fallback_quantile": cfg.fallback_quantile,
                                  "tool_vocab": vocab, "train_metrics": metrics},
                 tool_head=(tools_net, tool_head) if tools_net is not None else None)
+    save_ood_reference(model_dir, reference)
     out = TrainResult(model_dir=str(model_dir), checkpoint_path=result.checkpoint.path, steps=cfg.steps,
                       seconds=time.time() - start, metrics=metrics, reward_scale=scale, fallback_threshold=threshold)
     log.info("train: done in %.0f s; loss_q %.4f loss_v %.4f; fallback threshold %.3f", out.seconds,

@@ -51,7 +51,8 @@ class ScoreResponse(BaseModel):
     best_index: int
     fallback: bool = Field(description="true when the best score is below the model's threshold")
     reason: str | None = None
-    ood: bool | None = Field(None, description="state far from the training data (not computed yet: null)")
+    ood: bool | None = Field(None, description="state farther from every training state the model keeps than its "
+                                                "threshold (null: the model keeps no reference)")
     model: ModelRef
     decision_id: str
 
@@ -87,5 +88,6 @@ class ModelInfo(BaseModel):
     model: ModelRef
     fallback_threshold: float | None
     tools: list[str] = Field(description="tool vocabulary of the tool head (empty when the model has none)")
+    embedding_cache: dict[str, int] = Field(default_factory=dict, description="this replica's LRU: hits, misses, size")
     encoder: dict
     lineage: dict

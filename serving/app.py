@@ -74,11 +74,13 @@ class CriticService:
         batch = [(r.state_value(), r.candidates) for r in requests]
         # Off the event loop: encoding and the forward pass are CPU-bound.
         all_scores = await asyncio.to_thread(self.critic.score_batch, batch)
+        # the states' embeddings are in the LRU now: the OOD check costs one small matrix product
+        ood = await asyncio.to_thread(self.critic.out_of_distribution, [s for s, _ in batch])
         out = []
-        for request, scores in zip(requests, all_scores):
-            d = self.critic.decide_scores(scores)
+        for request, scores, far in zip(requests, all_scores, ood):
+            d = self.critic.decide_scores(scores, far)
             resp = ScoreResponse(scores=d.scores, best_index=d.best_index, fallback=d.fallback, reason=d.reason,
-                                 model=self.model_ref, decision_id=uuid.uuid4().hex)
+                                 ood=d.ood, model=self.model_ref, decision_id=uuid.uuid4().hex)
             if self.log:
                 self.log.append("decisions", {**resp.model_dump(), "agent_id": request.agent_id,
                                               "state": request.state_value(), "candidates": request.candidates})
@@ -126,6 +128,7 @@ class CriticService:
         meta = self.critic.meta
         return ModelInfo(model=self.model_ref, fallback_threshold=self.critic.threshold,
                          tools=self.critic.tool_vocab if self.critic.tool_head is not None else [],
+                         embedding_cache=self.critic.cache_stats(),
                          encoder=meta["encoder"], lineage=meta.get("lineage", {}))
 
     @api.get("/healthz")

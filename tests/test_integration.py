@@ -79,6 +79,10 @@ def test_http_score_matches_python_api(service):
     local = Critic.load(f"models:/{MODEL}@champion").score(state, candidates)
     assert np.allclose(body["scores"], local, atol=1e-4)
     assert body["model"]["name"] == MODEL and isinstance(body["fallback"], bool)
+    assert body["ood"] is False  # a game state like the training ones
+    far = httpx.post(f"{service}/v1/score", json={"state": "Quarterly corporate tax filing deadlines in Delaware.",
+                                                   "candidates": candidates}, timeout=60).json()
+    assert far["ood"] is True
 
 
 def test_http_concurrent_requests_are_batched_and_answered(service):
@@ -107,6 +111,7 @@ def test_http_model_and_health(service):
     info = httpx.get(f"{service}/v1/model", timeout=10).json()
     assert info["model"] == {"name": MODEL, "version": "1"}
     assert info["encoder"]["dim"] == 384 and info["fallback_threshold"] is not None
+    assert set(info["embedding_cache"]) == {"hits", "misses", "size"} and info["embedding_cache"]["misses"] > 0
     assert info["lineage"]["dataset_digests"]["encoded"].startswith("sha256:")
 
 

@@ -12,6 +12,7 @@ history features (how often a candidate was already tried, ...) are computed fro
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -21,7 +22,8 @@ import numpy as np
 from harnessrl.encoders import EncoderIdentity, load_encoder
 from harnessrl.errors import ModelError
 from harnessrl.features import features_for
-from harnessrl.model_files import load_critic_files, load_tool_head
+from harnessrl.model_files import load_critic_files, load_ood_reference, load_tool_head
+from harnessrl.ood import is_ood
 from harnessrl.render import RequestState, parse_request_state
 
 State = str | dict[str, Any]
@@ -40,14 +42,15 @@ class Decision:
     best_index: int
     fallback: bool
     reason: str | None
+    ood: bool | None = None  # state far from every training state (None: the model keeps no reference)
 
 
 class Critic:
     def __init__(self, net, meta: dict[str, Any], name: str | None = None, version: str | None = None, encoder=None,
-                 tool_head=None):
+                 tool_head=None, cache_size: int = 50_000, ood_reference=None):
         import torch
 
-        self.net, self.meta, self.tool_head = net, meta, tool_head
+        self.net, self.meta, self.tool_head, self.ood_reference = net, meta, tool_head, ood_reference
         self.tool_vocab: list[str] = list(meta.get("tool_vocab") or [])
         self.uses_features = bool(meta["iql"].get("feature_dim", 0))
         self.name = name or meta.get("model_name") or "local"
@@ -58,6 +61,9 @@ class Critic:
         self.render = meta.get("render", {"window": 4, "max_chars": 2000})
         self._torch = torch
         self._encoder = encoder
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self.cache_size = cache_size
+        self.cache_hits = self.cache_misses = 0
 
     @classmethod
     def load(cls, uri: str | Path, device: str | None = None) -> "Critic":
@@ -76,10 +82,29 @@ class Critic:
         net, meta = load_critic_files(path)
         encoder, identity = load_encoder(meta["encoder"]["model_name"], device, meta["encoder"]["max_seq_length"])
         EncoderIdentity.from_json(meta["encoder"]).check_same(identity, f"critic {uri}")
-        return cls(net, meta, name=name, version=version, encoder=encoder, tool_head=load_tool_head(path, meta))
+        return cls(net, meta, name=name, version=version, encoder=encoder, tool_head=load_tool_head(path, meta),
+                   ood_reference=load_ood_reference(path, meta))
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
-        return self._encoder.encode(list(texts), convert_to_numpy=True, show_progress_bar=False, batch_size=64)
+        """Embeddings of `texts`; repeated texts (agents resend the same task, states and candidates)
+        come from an LRU cache of `cache_size` entries instead of the encoder."""
+        texts = list(texts)
+        missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
+        if missing:
+            fresh = self._encoder.encode(missing, convert_to_numpy=True, show_progress_bar=False, batch_size=64)
+            for t, vec in zip(missing, fresh):
+                self._cache[t] = vec
+        self.cache_hits += len(texts) - len(missing)
+        self.cache_misses += len(missing)
+        out = np.stack([self._cache[t] for t in texts]) if texts else np.zeros((0, self.identity.dim), np.float32)
+        for t in texts:
+            self._cache.move_to_end(t)
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return out
+
+    def cache_stats(self) -> dict[str, int]:
+        return {"hits": self.cache_hits, "misses": self.cache_misses, "size": len(self._cache)}
 
     def parse_state(self, state: State) -> RequestState:
         return parse_request_state(state, self.render["window"], self.render["max_chars"])
@@ -137,13 +162,21 @@ class Critic:
     def score(self, state: State, candidates: Sequence[str]) -> list[float]:
         return self.score_batch([(state, candidates)])[0]
 
-    def decide_scores(self, scores: list[float]) -> Decision:
+    def out_of_distribution(self, states: Sequence[State]) -> list[bool | None]:
+        """Per state: farther than the model's threshold from every training state it keeps."""
+        if self.ood_reference is None or not states:
+            return [None] * len(states)
+        reference, threshold = self.ood_reference
+        return [bool(x) for x in is_ood(self.encode([self.render_state(s) for s in states]), reference, threshold)]
+
+    def decide_scores(self, scores: list[float], ood: bool | None = None) -> Decision:
         if not scores:
-            return Decision([], -1, True, "no candidates")
+            return Decision([], -1, True, "no candidates", ood)
         best = int(np.argmax(scores))
         if self.threshold is not None and scores[best] < self.threshold:
-            return Decision(scores, best, True, f"best score {scores[best]:.3f} below threshold {self.threshold:.3f}")
-        return Decision(scores, best, False, None)
+            return Decision(scores, best, True, f"best score {scores[best]:.3f} below threshold {self.threshold:.3f}",
+                            ood)
+        return Decision(scores, best, False, None, ood)
 
     def decide(self, state: State, candidates: Sequence[str]) -> Decision:
-        return self.decide_scores(self.score(state, candidates))
+        return self.decide_scores(self.score(state, candidates), self.out_of_distribution([state])[0])

@@ -17,6 +17,7 @@ from harnessrl.errors import ModelError
 FORMAT_VERSION = 1
 WEIGHTS = "weights.safetensors"
 TOOL_WEIGHTS = "tool_head.safetensors"
+OOD_REFERENCE = "ood_reference.safetensors"
 CONFIG = "critic.json"
 
 
@@ -38,6 +39,24 @@ def save_critic(directory: str | Path, net, meta: dict[str, Any], tool_head: tup
         meta["tool_head"] = tool_head[1]
     (directory / CONFIG).write_text(json.dumps({"format_version": FORMAT_VERSION, **meta}, indent=2, sort_keys=True))
     return directory
+
+
+def save_ood_reference(directory: str | Path, reference) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"states": torch.from_numpy(reference).to(torch.float16).contiguous()},
+              str(Path(directory) / OOD_REFERENCE))
+
+
+def load_ood_reference(directory: str | Path, meta: dict[str, Any]):
+    """(reference states, threshold), or None for a critic saved without one."""
+    from safetensors.torch import load_file
+
+    path = Path(directory) / OOD_REFERENCE
+    if not meta.get("ood") or not path.is_file():
+        return None
+    return load_file(str(path))["states"].float().numpy(), float(meta["ood"]["threshold"])
 
 
 def load_tool_head(directory: str | Path, meta: dict[str, Any]):

@@ -1,0 +1,51 @@
+"""The critic's LRU embedding cache: a repeated text is not encoded again, cached vectors equal
+fresh ones, and the cache never grows past its size (real MiniLM encoder)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from harnessrl.algorithms.iql import IQLConfig, IQLNetwork
+from harnessrl.critic import Critic
+from harnessrl.encoders import load_encoder
+
+
+class CountingEncoder:
+    """The real encoder, counting the texts it is asked to encode."""
+
+    def __init__(self, model):
+        self.model, self.texts = model, 0
+
+    def encode(self, texts, **kwargs):
+        self.texts += len(texts)
+        return self.model.encode(texts, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def critic():
+    model, identity = load_encoder("builtin:all-MiniLM-L6-v2", "cpu", 128)
+    meta = {"encoder": json.loads(identity.to_json()), "iql": IQLConfig(feature_dim=5).__dict__, "reward_scale": 1.0,
+            "render": {"window": 2, "max_chars": 500}, "fallback_threshold": None}
+    return Critic(IQLNetwork(IQLConfig(feature_dim=5)).eval(), meta, encoder=CountingEncoder(model), cache_size=4)
+
+
+def test_repeated_texts_come_from_the_cache(critic):
+    enc = critic._encoder
+    first = critic.encode(["a kitchen", "take coin", "a kitchen"])
+    assert enc.texts == 2 and critic.cache_misses == 2 and critic.cache_hits == 1
+    again = critic.encode(["take coin", "a kitchen"])
+    assert enc.texts == 2 and critic.cache_hits == 3
+    assert np.array_equal(again[0], first[1]) and np.array_equal(again[1], first[0])
+    fresh = enc.model.encode(["take coin"], convert_to_numpy=True)
+    assert np.allclose(again[0], fresh[0], atol=1e-5)
+
+
+def test_cache_is_bounded_least_recently_used_first(critic):
+    critic.encode(["t1", "t2", "t3", "t4", "t5"])
+    assert len(critic._cache) == 4 and "t1" not in critic._cache and "t5" in critic._cache
+    before = critic._encoder.texts
+    critic.score({"task": "t", "history": [], "observation": "o"}, ["t5", "t4"])
+    assert critic._encoder.texts == before + 1  # only the rendered state was new
