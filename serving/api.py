@@ -85,8 +85,10 @@ class FeedbackResponse(BaseModel):
 
 
 class ModelInfo(BaseModel):
-    model: ModelRef
+    model: ModelRef = Field(description="the champion")
     fallback_threshold: float | None
+    challenger: ModelRef | None = Field(None, description="answers the challenger share of agents, if configured")
+    challenger_share: float = 0.0
     tools: list[str] = Field(description="tool vocabulary of the tool head (empty when the model has none)")
     embedding_cache: dict[str, int] = Field(default_factory=dict, description="this replica's LRU: hits, misses, size")
     encoder: dict

@@ -163,8 +163,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     init_ray(args.address)
     try:
         decisions = args.decision_log or str(settings.home() / "decisions")
+        challenger = model_uri(args.challenger) if args.challenger else None
         url = serving.start(uri, args.host, args.port, args.max_batch_size, decision_log=decisions,
-                            max_queued_requests=args.max_queued_requests)
+                            max_queued_requests=args.max_queued_requests, challenger_uri=challenger,
+                            challenger_share=args.challenger_share if challenger else 0.0,
+                            reload_every_s=args.reload_every_s)
         print(f"serving {uri} at {url}  (POST /v1/score, /v1/select_tool, /v1/feedback; GET /v1/model, /healthz; "
               f"docs at {url}/docs); decisions logged to {decisions}; Ctrl-C stops", flush=True)
         while True:
@@ -250,6 +253,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--max-batch-size", type=int, default=32)
     serve.add_argument("--max-queued-requests", type=int, default=256, help="beyond this: 429 + Retry-After")
+    serve.add_argument("--challenger", help="a second model (e.g. NAME@challenger) for a share of agents")
+    serve.add_argument("--challenger-share", type=float, default=0.1, help="share of agents (by agent_id hash)")
+    serve.add_argument("--reload-every-s", type=float, default=30.0,
+                       help="check the aliases this often and switch to a new version without dropping requests")
     serve.add_argument("--decision-log", help="folder (local or s3://) for decisions and feedback "
                                               "(default: $HARNESSRL_HOME/decisions)")
     serve.add_argument("--address", help="Ray cluster address")

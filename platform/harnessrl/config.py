@@ -124,6 +124,9 @@ class ServeConfig(_Strict):
     decision_log: str | None = Field(None, description="folder (local or s3://) for the decision and feedback log")
     max_ongoing_requests: int = Field(64, ge=1, description="requests in flight per replica (>= max_batch_size)")
     max_queued_requests: int = Field(256, ge=1, description="beyond this, requests get 429 + Retry-After")
+    challenger: str | None = Field(None, description="model URI answering `challenger_share` of agents")
+    challenger_share: float = Field(0.0, ge=0, le=1, description="agents routed by hash of agent_id")
+    reload_every_s: float = Field(30.0, ge=0, description="how often aliases are checked for a new version (0: never)")
 
 
 class PipelineConfig(_Strict):

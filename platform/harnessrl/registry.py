@@ -94,3 +94,13 @@ def resolve(uri: str) -> dict[str, Any]:
     mlmodel = yaml.safe_load((cache / "MLmodel").read_text())
     rel = mlmodel["flavors"]["python_function"]["artifacts"][CRITIC_ARTIFACT]["path"]
     return {"name": name, "version": str(mv.version), "tags": dict(mv.tags), "path": str(cache / rel)}
+
+
+def current_version(uri: str) -> str | None:
+    """The version a registry URI points at now (aliases move); None for a local folder."""
+    if not uri.startswith("models:/"):
+        return None
+    name, alias, version = parse_model_uri(uri)
+    if not alias:
+        return version
+    return str(client().get_model_version_by_alias(name, alias).version)
