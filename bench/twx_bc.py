@@ -1,0 +1,120 @@
+"""Behaviour cloning baselines for bench/twx.py (issue 4).
+
+An MLP over [s, a, s*a, |s-a|] of the frozen MiniLM embeddings (the encode stage's
+`state_emb`, `action_emb`, `candidate_emb` columns), trained with softmax cross-entropy of the
+taken action against the step's logged candidates (the taken one plus up to
+`encoder.max_candidates` untaken ones, as the encode stage kept them). It scores in process:
+no service. At play time it renders the state with the pipeline's renderer and encodes texts
+with the same encoder (identity read from the encoded dataset's `_dataset.json`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+
+def load_rows(encoded_dir: str) -> dict[str, Any]:
+    """The encoded transitions as arrays: state (N, D), action (N, D), candidates (N, K, D) with a mask,
+    and episode ids."""
+    import pyarrow.dataset as pads
+
+    table = pads.dataset(str(Path(encoded_dir) / "data"), format="parquet").to_table(
+        columns=["episode_id", "state_emb", "action_emb", "candidate_emb"])
+    s = np.asarray(table.column("state_emb").combine_chunks().flatten().to_numpy(zero_copy_only=False), np.float32)
+    a = np.asarray(table.column("action_emb").combine_chunks().flatten().to_numpy(zero_copy_only=False), np.float32)
+    n = table.num_rows
+    dim = s.size // max(n, 1)
+    s, a = s.reshape(n, dim), a.reshape(n, dim)
+    cands = table.column("candidate_emb").to_pylist()
+    k = max((len(c) for c in cands), default=0)
+    c = np.zeros((n, max(k, 1), dim), np.float32)
+    mask = np.zeros((n, max(k, 1)), bool)
+    for i, row in enumerate(cands):
+        if row:
+            c[i, : len(row)] = np.asarray(row, np.float32)
+            mask[i, : len(row)] = True
+    return {"episode_id": table.column("episode_id").to_pylist(), "s": s, "a": a, "c": c, "mask": mask, "dim": dim}
+
+
+def encoder_identity(encoded_dir: str) -> dict[str, Any]:
+    meta = json.loads((Path(encoded_dir) / "_dataset.json").read_text())
+    return meta.get("encoder", meta)
+
+
+def _net(dim: int, hidden: int):
+    import torch.nn as nn
+
+    return nn.Sequential(nn.Linear(4 * dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+
+
+def _pair(s, a):
+    import torch
+
+    return torch.cat([s, a, s * a, (s - a).abs()], dim=-1)
+
+
+class BCScorer:
+    """A trained BC net plus the text pipeline to score live states."""
+
+    def __init__(self, net, encode: Callable[[list[str]], np.ndarray], render: Callable[[dict], str]):
+        self.net, self._encode, self._render = net, encode, render
+        self._cache: dict[str, np.ndarray] = {}
+
+    def _emb(self, texts: list[str]) -> np.ndarray:
+        missing = [t for t in dict.fromkeys(texts) if t not in self._cache]
+        if missing:
+            for t, e in zip(missing, self._encode(missing)):
+                self._cache[t] = np.asarray(e, np.float32)
+        if len(self._cache) > 50_000:  # bounded memory on long runs
+            self._cache.clear()
+            return self._emb(texts)
+        return np.stack([self._cache[t] for t in texts])
+
+    def scores(self, state: dict, candidates: list[str]) -> list[float]:
+        import torch
+
+        text = self._render(state)
+        emb = torch.from_numpy(self._emb([text, *candidates]))
+        s = emb[:1].expand(len(candidates), -1)
+        with torch.no_grad():
+            return self.net(_pair(s, emb[1:])).squeeze(-1).tolist()
+
+
+def train_bc(rows: dict[str, Any], keep: np.ndarray, steps: int, seed: int = 0, hidden: int = 128,
+             batch_size: int = 128, lr: float = 1e-3, max_seconds: float = 300.0):
+    """Train on the rows where `keep`; bounded by `steps` and `max_seconds`. Returns (net, info)."""
+    import torch
+
+    torch.manual_seed(seed)
+    idx = np.flatnonzero(keep)
+    if idx.size == 0:
+        raise ValueError("no rows to train behaviour cloning on")
+    s, a = torch.from_numpy(rows["s"][idx]), torch.from_numpy(rows["a"][idx])
+    c, m = torch.from_numpy(rows["c"][idx]), torch.from_numpy(rows["mask"][idx])
+    net = _net(rows["dim"], hidden)
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    gen = torch.Generator().manual_seed(seed)
+    t0, losses, done = time.time(), [], 0
+    for step in range(steps):
+        if time.time() - t0 > max_seconds:
+            break
+        b = torch.randint(0, idx.size, (min(batch_size, idx.size),), generator=gen)
+        sb, ab, cb, mb = s[b], a[b], c[b], m[b]
+        acts = torch.cat([ab[:, None], cb], dim=1)  # (B, 1+K, D): the taken action first
+        logits = net(_pair(sb[:, None].expand_as(acts), acts)).squeeze(-1)
+        valid = torch.cat([torch.ones_like(mb[:, :1]), mb], dim=1)
+        logits = logits.masked_fill(~valid, -1e9)
+        loss = torch.nn.functional.cross_entropy(logits, torch.zeros(len(b), dtype=torch.long))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+        done = step + 1
+    net.eval()
+    return net, {"rows": int(idx.size), "steps": done, "seconds": round(time.time() - t0, 1),
+                 "final_loss": float(np.mean(losses[-50:])) if losses else None}
