@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import itertools
 import json
 import logging
 import os
@@ -43,7 +44,8 @@ import sys
 import tempfile
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -99,18 +101,55 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def timed_block(step: Callable[[], None], steps: int, max_s: float, device: str) -> tuple[int, float]:
-    """Run up to `steps` steps, stopping early after `max_s` seconds; (steps done, seconds)."""
-    sync(device)
+def machine_busy_s() -> float:
+    """CPU seconds all processes have used since boot (Linux /proc/stat; 0 elsewhere)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+    except OSError:
+        return 0.0
+    return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / os.sysconf("SC_CLK_TCK")
+
+
+class Meter:
+    """Wall time, this process's CPU time, and the share of the machine's CPUs that *other*
+    processes used meanwhile ("foreign"): with 2 cores and 2 torch threads, any of it stalls
+    every parallel region, so a block with foreign load says little about either method."""
+
+    def __init__(self):
+        self.t0, self.c0, self.b0 = time.perf_counter(), time.process_time(), machine_busy_s()
+
+    def read(self) -> tuple[float, float, float]:
+        wall, cpu = time.perf_counter() - self.t0, time.process_time() - self.c0
+        foreign = max(0.0, machine_busy_s() - self.b0 - cpu) / (max(wall, 1e-9) * (os.cpu_count() or 1))
+        return wall, cpu, min(foreign, 1.0)
+
+
+def wait_quiet(max_wait_s: float, threshold: float) -> float:
+    """Wait (at most max_wait_s) for a half-second in which other processes use under
+    `threshold` of the CPUs; returns the seconds waited."""
     t0 = time.perf_counter()
+    while time.perf_counter() - t0 < max_wait_s:
+        m = Meter()
+        time.sleep(0.5)
+        if m.read()[2] < threshold:
+            break
+    return time.perf_counter() - t0
+
+
+def timed_block(step: Callable[[], None], steps: int, max_s: float, device: str) -> tuple[int, float, float, float]:
+    """Run up to `steps` steps, stopping early after `max_s` seconds: (steps done, wall seconds,
+    CPU seconds of this process, foreign CPU share; see Meter)."""
+    sync(device)
+    m = Meter()
     done = 0
     while done < steps:
         step()
         done += 1
-        if time.perf_counter() - t0 > max_s:
+        if time.perf_counter() - m.t0 > max_s:
             break
     sync(device)
-    return done, time.perf_counter() - t0
+    return (done, *m.read())
 
 
 # ---- our path, in process ------------------------------------------------------------------
@@ -128,6 +167,13 @@ class Ours:
         self.pool = [self.sample() for _ in range(16)]
         self.i = 0
         self.parts = {"critic": 0.0, "tool_head": 0.0, "steps": 0}
+        self.block_parts: list[dict[str, float]] = []  # per timed block of step()
+
+    def block(self, steps: int, max_s: float) -> tuple[int, float, float, float]:
+        self.parts = {"critic": 0.0, "tool_head": 0.0, "steps": 0}
+        out = timed_block(self.step, steps, max_s, self.device)
+        self.block_parts.append(dict(self.parts))
+        return out
 
     def sample(self) -> dict:
         import torch
@@ -166,7 +212,6 @@ class D3:
             import d3rlpy
         from d3rlpy.logging import NoopAdapterFactory
         from d3rlpy.models.encoders import VectorEncoderFactory
-
         from harnessrl.algorithms.iql import IQLConfig as OurIQL
 
         self.version = d3rlpy.__version__
@@ -186,7 +231,7 @@ class D3:
         self.pool = [self.dataset.sample_transition_batch(args.batch) for _ in range(16)]
         self.i = 0
 
-    def fit_block(self, steps: int) -> tuple[int, float]:
+    def fit_block(self, steps: int) -> tuple[int, float, float, float]:
         """One fit(n_steps=steps) call, timed whole; stopped by its callback after max_s."""
         done = [0]
         t0 = time.perf_counter()
@@ -197,7 +242,8 @@ class D3:
                 raise _Stop
 
         sync(self.device)
-        t0 = time.perf_counter()
+        m = Meter()
+        t0 = m.t0
         try:
             self.algo.fit(self.dataset, n_steps=steps, n_steps_per_epoch=steps, show_progress=False,
                           logger_adapter=self.noop, save_interval=10**9, with_timestamp=False,
@@ -205,7 +251,7 @@ class D3:
         except _Stop:
             pass
         sync(self.device)
-        return done[0], time.perf_counter() - t0
+        return (done[0], *m.read())
 
     def step_update_only(self) -> None:
         self.i += 1
@@ -261,8 +307,7 @@ def _ray_loop(config: dict[str, Any]) -> None:
     def stream():
         while True:
             epochs[0] += 1
-            for b in shard.iter_torch_batches(batch_size=batch, drop_last=True, device=device):
-                yield b
+            yield from shard.iter_torch_batches(batch_size=batch, drop_last=True, device=device)
 
     t0 = time.perf_counter()
     it = stream()
@@ -285,14 +330,14 @@ def _ray_loop(config: dict[str, Any]) -> None:
         step_loaded()
         step_stream()
         step_update_only()
-    rates: dict[str, list[float]] = {"loaded": [], "stream": [], "update_only": []}
+    blocks: dict[str, list[tuple[int, float, float, float]]] = {"update_only": [], "loaded": [], "stream": []}
     for _ in range(config["rounds"]):
+        wait_quiet(config["wait_quiet_s"], config["quiet_threshold"])
         for name, fn in (("update_only", step_update_only), ("loaded", step_loaded), ("stream", step_stream)):
-            k, s = timed_block(fn, steps, max_s, device)
-            rates[name].append(k / s)
+            blocks[name].append(timed_block(fn, steps, max_s, device))
     out = {"load_s": load_s, "rows": n, "first_stream_batch_s": first_batch_s,
            "stream_epochs_started": epochs[0], "device": device, "worker_threads": torch.get_num_threads(),
-           "worker_niceness": os.nice(0), **rates}
+           "worker_niceness": os.nice(0), "blocks": blocks}
     # Ray Train V2 keeps no metrics of a report without a checkpoint in the Result: a file on
     # this (single) machine carries the figures back.
     with open(config["result_path"], "w") as f:
@@ -302,7 +347,6 @@ def _ray_loop(config: dict[str, Any]) -> None:
 
 def run_ray(data: dict[str, np.ndarray], args) -> dict[str, Any]:
     import pyarrow as pa
-
     from harnessrl.ray_runtime import init_ray, shutdown_ray
 
     # Ray starts its workers at nice 15: on a shared machine the worker then loses the CPUs to
@@ -324,7 +368,7 @@ def run_ray(data: dict[str, np.ndarray], args) -> dict[str, Any]:
 
     blocks = 8
     bounds = np.linspace(0, n, blocks + 1).astype(int)
-    tables = [pa.table({k: col(v[lo:hi]) for k, v in data.items()}) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    tables = [pa.table({k: col(v[lo:hi]) for k, v in data.items()}) for lo, hi in itertools.pairwise(bounds)]
     ds = ray.data.from_arrow(tables).materialize()  # in the object store; see the 2-CPU deadlock note
     storage = tempfile.mkdtemp(prefix="bench-train-ray-")
     use_gpu = args.device.startswith("cuda")
@@ -336,6 +380,7 @@ def run_ray(data: dict[str, np.ndarray], args) -> dict[str, Any]:
                 "batch": args.batch, "steps": args.steps, "rounds": args.rounds, "warmup": args.warmup,
                 "max_block_s": args.max_block_s, "columns": list(data),
                 "result_path": os.path.join(storage, "result.json"),
+                "wait_quiet_s": args.wait_quiet_s, "quiet_threshold": args.quiet_threshold,
             },
             scaling_config=ScalingConfig(num_workers=1, use_gpu=use_gpu,
                                          resources_per_worker={"CPU": 1, **({"GPU": 1} if use_gpu else {})}),
@@ -356,15 +401,24 @@ def run_ray(data: dict[str, np.ndarray], args) -> dict[str, Any]:
 
 
 # ---- profile ------------------------------------------------------------------------------
-def profile_ours(ours: Ours, steps: int) -> dict[str, float]:
-    """torch.profiler over `steps` of our update: top ops, and self time grouped by kind."""
-    import torch
+def profile_ours(ours: Ours, steps: int, wait_s: float, threshold: float) -> dict[str, float]:
+    """torch.profiler over `steps` of our update: top ops, and self time grouped by kind. Up to
+    three tries, each after waiting for quiet: a profile taken while other processes hold the
+    cores shows mostly where threads waited for each other."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ours.device.startswith("cuda") else [])
-    with profile(activities=acts) as prof:
-        for _ in range(steps):
-            ours.step_update_only()
+    for _ in range(3):
+        wait_quiet(wait_s, threshold)
+        m = Meter()
+        with profile(activities=acts) as prof:
+            for _ in range(steps):
+                ours.step_update_only()
+        wall, _, foreign = m.read()
+        if foreign < threshold:
+            break
+    print(f"profile: {steps} steps of ours (update only), {1000 * wall / steps:.1f} ms/step under the profiler; "
+          f"other processes used {foreign:.0%} of the CPUs")
     events = prof.key_averages()
     print(events.table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=45))
     groups = {"matmul (addmm/mm)": ("aten::addmm", "aten::mm", "aten::bmm", "aten::linear"),
@@ -382,11 +436,48 @@ def profile_ours(ours: Ours, steps: int) -> dict[str, float]:
     return out
 
 
+def summarise(blocks: dict[str, list[tuple[int, float, float, float]]], threshold: float) -> list[dict[str, Any]]:
+    """Per method: median and best steps/s over rounds, CPU ms/step, ratios to d3rlpy fit() and
+    (Ray data paths) to the pure-compute rate in the same worker, each from blocks run side by side.
+
+    Only "quiet" rounds count, those in which other processes used under `threshold` of the CPUs
+    in every block of the round (all rounds when none was quiet; `quiet_rounds` says which)."""
+    def quiet_rounds(names: list[str]) -> list[int]:
+        n = len(blocks[names[0]])
+        ok = [i for i in range(n) if all(blocks[k][i][3] < threshold for k in names)]
+        return ok or list(range(n))
+
+    groups = [[k for k in blocks if not k.startswith("ray")], [k for k in blocks if k.startswith("ray")]]
+    keep = {k: quiet_rounds(g) for g in groups if g for k in g}
+    blocks = {k: [v[i] for i in keep[k]] for k, v in blocks.items()}
+    rates = {k: [b[0] / b[1] for b in v] for k, v in blocks.items()}
+
+    def paired(a: str, b: str) -> float:
+        return statistics.median(x / y for x, y in zip(rates[a], rates[b]))
+
+    base = "d3rlpy fit()" if "d3rlpy fit()" in rates else None
+    rows = []
+    for name, rs in rates.items():
+        med = statistics.median(rs)
+        row = {"method": name, "steps_per_s": med, "ms_per_step": 1000.0 / med, "best_steps_per_s": max(rs),
+               "cpu_ms_per_step": 1000.0 * sum(b[2] for b in blocks[name]) / sum(b[0] for b in blocks[name]),
+               "foreign_cpu_share_max": max(b[3] for b in blocks[name]), "quiet_rounds": keep[name],
+               "rounds_steps_per_s": rs, "ratio_vs_d3rlpy_fit": None, "ratio_best_vs_d3rlpy_fit_best": None}
+        if base:
+            in_process = not name.startswith("ray")  # the Ray run comes after the in-process rounds
+            row["ratio_vs_d3rlpy_fit"] = paired(name, base) if in_process else med / statistics.median(rates[base])
+            row["ratio_best_vs_d3rlpy_fit_best"] = max(rs) / max(rates[base])
+        if name.startswith("ray shard"):  # "loading must not halve the pure-compute rate"
+            row["ratio_vs_worker_update_only"] = paired(name, "ray worker: update only")
+        rows.append(row)
+    return rows
+
+
 # ---- main ---------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=60, help="timed steps per method per round")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (figures are medians)")
+    p.add_argument("--steps", type=int, default=30, help="timed steps per method per round")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (figures are medians)")
     p.add_argument("--warmup", type=int, default=10, help="untimed steps per method first")
     p.add_argument("--max-block-s", type=float, default=20.0, help="a timed block stops after this many seconds")
     p.add_argument("--n", type=int, default=20_000, help="transitions in the synthetic data")
@@ -396,6 +487,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ray-cpus", type=int, default=2, help="num_cpus of the local Ray instance")
+    p.add_argument("--wait-quiet-s", type=float, default=5.0,
+                   help="before each round wait up to this long for other processes to go quiet")
+    p.add_argument("--quiet-threshold", type=float, default=0.10,
+                   help="a round is quiet when other processes use less than this share of the CPUs")
     p.add_argument("--skip-ray", action="store_true")
     p.add_argument("--skip-d3rlpy", action="store_true")
     p.add_argument("--profile", action="store_true", help="profile our update (torch.profiler) at the end")
@@ -420,14 +515,13 @@ def main(argv: list[str] | None = None) -> int:
           f"rounds={args.rounds}x{args.steps} steps", flush=True)
 
     ours = Ours(data, args)
-    methods: dict[str, Callable[[], tuple[int, float]]] = {
-        "ours": lambda: timed_block(ours.step, args.steps, args.max_block_s, args.device),
+    methods: dict[str, Callable[[], tuple[int, float, float, float]]] = {
+        "ours": lambda: ours.block(args.steps, args.max_block_s),
         "ours, update only": lambda: timed_block(ours.step_update_only, args.steps, args.max_block_s, args.device),
     }
     for _ in range(args.warmup):
         ours.step()
         ours.step_update_only()
-    ours.parts = {"critic": 0.0, "tool_head": 0.0, "steps": 0}
     if not args.skip_d3rlpy:
         try:
             d3 = D3(data, args)
@@ -442,55 +536,51 @@ def main(argv: list[str] | None = None) -> int:
         methods["d3rlpy update()"] = lambda: timed_block(d3.step_update_only, args.steps, args.max_block_s,
                                                          args.device)
 
-    rates: dict[str, list[float]] = {k: [] for k in methods}
+    load_start = os.getloadavg()
+    blocks: dict[str, list[tuple[int, float, float, float]]] = {k: [] for k in methods}
     for r in range(args.rounds):
-        line = []
+        waited = wait_quiet(args.wait_quiet_s, args.quiet_threshold)
         for name, fn in methods.items():
-            k, s = fn()
-            rates[name].append(k / s)
-            line.append(f"{name} {k / s:.1f}")
-        print(f"  round {r + 1}: " + ", ".join(line) + " steps/s", flush=True)
+            blocks[name].append(fn())
+        print(f"  round {r + 1}: " + ", ".join(f"{k} {v[-1][0] / v[-1][1]:.1f}" for k, v in blocks.items())
+              + f" steps/s; other processes used {max(v[-1][3] for v in blocks.values()):.0%} of the CPUs"
+              + (f" (waited {waited:.0f} s for quiet)" if waited > 1 else ""), flush=True)
 
     ray_res = None
     if not args.skip_ray:
         print("  Ray Train run (1 worker) ...", flush=True)
         ray_res = run_ray(data, args)
-        rates["ray worker: update only"] = ray_res["update_only"]
-        rates["ray shard: load+sample"] = ray_res["loaded"]
-        rates["ray shard: streaming"] = ray_res["stream"]
+        for name, key in (("ray worker: update only", "update_only"), ("ray shard: load+sample", "loaded"),
+                          ("ray shard: streaming", "stream")):
+            blocks[name] = [tuple(b) for b in ray_res["blocks"][key]]
+    meta["loadavg_start"], meta["loadavg_end"] = load_start, os.getloadavg()
 
-    base = "d3rlpy fit()" if "d3rlpy fit()" in rates else None
-    rows = []
-    for name, rs in rates.items():
-        med = statistics.median(rs)
-        row = {"method": name, "steps_per_s": med, "ms_per_step": 1000.0 / med, "best_steps_per_s": max(rs),
-               "rounds": rs, "ratio_vs_d3rlpy_fit": None}
-        if base and not name.startswith("ray"):  # same rounds, same time: median of per-round ratios
-            row["ratio_vs_d3rlpy_fit"] = statistics.median(a / b for a, b in zip(rs, rates[base]))
-        elif base:  # the Ray run comes after the others: ratio of medians
-            row["ratio_vs_d3rlpy_fit"] = med / statistics.median(rates[base])
-        if name.startswith("ray shard"):  # "loading must not halve the pure-compute rate": same worker, same rounds
-            row["ratio_vs_worker_update_only"] = statistics.median(
-                a / b for a, b in zip(rs, rates["ray worker: update only"]))
-        rows.append(row)
-
+    rows = summarise(blocks, args.quiet_threshold)
     print()
-    print(f"{'method':<26} {'steps/s':>8} {'ms/step':>8} {'best':>7} {'vs d3rlpy fit()':>16}")
+    print(f"{'method':<26} {'steps/s':>8} {'ms/step':>8} {'best':>7} {'cpu ms/step':>12} {'vs d3rlpy fit()':>16} "
+          f"{'(best/best)':>12}")
     for row in rows:
-        ratio = f"{row['ratio_vs_d3rlpy_fit']:.2f}x" if row["ratio_vs_d3rlpy_fit"] is not None else "-"
+        ratio, best = row["ratio_vs_d3rlpy_fit"], row["ratio_best_vs_d3rlpy_fit_best"]
         print(f"{row['method']:<26} {row['steps_per_s']:>8.1f} {row['ms_per_step']:>8.1f} "
-              f"{row['best_steps_per_s']:>7.1f} {ratio:>16}")
-    parts = ours.parts
+              f"{row['best_steps_per_s']:>7.1f} {row['cpu_ms_per_step']:>12.1f} "
+              f"{f'{ratio:.2f}x' if ratio is not None else '-':>16} {f'{best:.2f}x' if best is not None else '-':>12}")
+    print(f"(medians over the quiet rounds of {args.rounds}: in process {rows[0]['quiet_rounds']}"
+          + (f", Ray {rows[-1]['quiet_rounds']}" if ray_res else "")
+          + f"; ratios: median of per-round ratios of methods timed side by side, else of medians; "
+          f"load average {load_start[0]:.1f} at start, {meta['loadavg_end'][0]:.1f} at end)")
+    quiet = next(r for r in rows if r["method"] == "ours")["quiet_rounds"]
+    parts = {k: sum(ours.block_parts[i][k] for i in quiet) for k in ("critic", "tool_head", "steps")}
     if parts["steps"]:
         print(f"ours per step: critic (IQLLearner.update) {1000 * parts['critic'] / parts['steps']:.1f} ms + "
               f"tool head (DiscreteLearner.update, critic + AWR actor) "
               f"{1000 * parts['tool_head'] / parts['steps']:.1f} ms")
     if ray_res:
-        loaded = next(r for r in rows if r["method"] == "ray shard: load+sample")
-        stream = next(r for r in rows if r["method"] == "ray shard: streaming")
+        by = {r["method"]: r for r in rows}
+        loaded, stream = by["ray shard: load+sample"], by["ray shard: streaming"]
         print(f"ray: load of {ray_res['rows']} rows (iter_batches -> tensors) {ray_res['load_s']:.2f} s; "
               f"first streamed batch {ray_res['first_stream_batch_s']:.2f} s; init {ray_res['init_s']:.1f} s, "
-              f"trainer.fit {ray_res['trainer_fit_s']:.1f} s")
+              f"trainer.fit {ray_res['trainer_fit_s']:.1f} s; worker threads {ray_res['worker_threads']}, "
+              f"nice {ray_res['worker_niceness']}")
         print(f"ray data path vs pure compute in the same worker: load+sample {loaded['ratio_vs_worker_update_only']:.2f}x, "
               f"streaming {stream['ratio_vs_worker_update_only']:.2f}x "
               f"(faster: {'load+sample' if loaded['steps_per_s'] >= stream['steps_per_s'] else 'streaming'})")
@@ -499,10 +589,11 @@ def main(argv: list[str] | None = None) -> int:
         verdict = "meets" if ours_row["ratio_vs_d3rlpy_fit"] >= 1.5 else "misses"
         print(f"target >= 1.5x d3rlpy fit(): ours is {ours_row['ratio_vs_d3rlpy_fit']:.2f}x ({verdict} it)")
 
-    prof = profile_ours(ours, min(args.steps, 30)) if args.profile else None
+    prof = profile_ours(ours, min(args.steps, 30), args.wait_quiet_s, args.quiet_threshold) if args.profile else None
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"meta": meta, "results": rows, "ray": ray_res,
+            json.dump({"meta": meta, "results": rows,
+                       "ray": {k: v for k, v in ray_res.items() if k != "blocks"} if ray_res else None,
                        "ours_ms": {k: 1000 * v / max(parts["steps"], 1) for k, v in parts.items() if k != "steps"},
                        "profile_share": prof}, f, indent=2)
         print(f"wrote {args.json}")

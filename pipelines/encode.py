@@ -1,24 +1,30 @@
 """Encode stage: transitions -> encoded transitions with fixed-size embedding columns, on Ray Data.
 
-One streaming pass finds, encodes and stores every distinct text, a second attaches the
+One streaming pass finds, encodes and stores every distinct text; a second attaches the
 vectors to the transition rows:
 
-  read transitions -> per block: distinct texts (content hash, length, occurrences, cache bucket)
-  -> hash-partition by bucket -> per partition: global dedupe, persistent-cache lookup for the
-     buckets it holds, length sort, cut into blocks of `block_texts` (one bucket, one length band)
-  -> encoder actor pool (one model load per actor, CPU or GPU, fp16 on GPU): texts in ascending
-     length, cut into batches of a fixed token budget, so short texts are not padded to long ones;
-     new vectors are added to the cache -> `_texts/` (text_hash, emb, refs, cached)
-  -> attach: transitions + `_texts` -> `data/` (+ state_emb, action_emb, next_state_emb, candidate_emb)
+  read transitions -> scan tasks: each block's distinct texts (content hash, length, cache
+     bucket), claimed against a run-wide claim table (`_Registry` actors, sharded by bucket):
+     a text goes on only from the first block that presents it, and not at all when the
+     persistent cache holds it (looked up per bucket, hash column only)
+  -> blocks of `block_texts` texts -> encoder actor pool (one model load per actor, CPU or
+     GPU, fp16 on GPU): each block sorted by length and cut into batches of a fixed token
+     budget, so short texts are not padded to long ones -> `_texts/` (text_hash, emb, bucket)
+  -> with a cache: per bucket, copy the cached vectors into `_texts/` and add the new ones to
+     the cache (one file per bucket per run)
+  -> attach tasks: transitions + the sorted `_texts` index (object store, zero-copy) -> `data/`
+     (+ state_emb, action_emb, next_state_emb, candidate_emb)
 
-Each distinct text is encoded at most once per run, and not at all when the cache has it. The
-encoder identity is derived from the model's files on the driver, checked by every actor against
-the model it loaded, written beside the data (`_dataset.json`) and into the Parquet schema,
-and checked by whatever consumes the embeddings (`check_identity`).
+No shuffle: memory follows the distinct texts, not the rows, and a small machine does not
+pay for an all-to-all exchange. Each distinct text is encoded at most once per run. The
+encoder identity is derived from the model's files on the driver, checked by every actor
+against the model it loaded, written beside the data (`_dataset.json`) and into the Parquet
+schema, and checked by whatever consumes the embeddings (`check_identity`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -33,10 +39,9 @@ import pyarrow.compute as pc
 
 from harnessrl import schemas, storage
 from harnessrl.config import EncoderConfig
-from harnessrl.embedding_cache import BUCKETS, EmbeddingCache, bucket_of, emb_array, emb_matrix, emb_type
+from harnessrl.embedding_cache import BUCKETS, EmbeddingCache, bucket_of, emb_array, emb_matrix
 from harnessrl.encoders import EncoderIdentity, encoder_identity, load_encoder, text_hash
 from harnessrl.errors import ConfigError, DataError, ModelError
-from harnessrl.ray_runtime import shuffle_partitions
 from harnessrl.transitions import untaken_candidates
 
 log = logging.getLogger(__name__)
@@ -45,6 +50,7 @@ TEXT_COLUMNS = list(schemas.EMBEDDING_COLUMNS)
 TASK_CPUS = 0.5  # the stage's own map tasks (scan, resolve, attach)
 ACTOR_MEMORY = 1 << 30  # per encoder actor, for sizing the pool (MiniLM on CPU measured ~650 MB)
 ENCODER_KEY = b"harnessrl.encoder"
+SCAN_MEMORY = 512 << 20  # logical reservation of a scan task (one block of transitions)
 
 
 @dataclass
@@ -63,6 +69,7 @@ class EncodeResult:
     gpus_per_actor: float = 0.0
     cache: str | None = None
     driver_peak_rss_mb: float = 0.0
+    phases: dict = field(default_factory=dict)  # seconds: setup, texts (scan .. encode .. write), attach
 
     def summary(self) -> dict:
         return asdict(self)
@@ -194,16 +201,32 @@ def length_batches(lengths, batch_size: int, max_tokens: int, chars_per_token: f
 
 
 # ---- stage steps ---------------------------------------------------------------------------
+def _untaken(actions: list[str], candidates: list, limit: int) -> list[list[str]]:
+    """`untaken_candidates` per row, computed once per distinct (action, candidates) in the batch."""
+    if not limit:
+        return [[] for _ in actions]
+    memo: dict[tuple, list[str]] = {}
+    out = []
+    for action, cands in zip(actions, candidates):
+        key = (action, tuple(cands or ()))
+        found = memo.get(key)
+        if found is None:
+            found = memo[key] = untaken_candidates(action, cands, limit)
+        out.append(found)
+    return out
+
+
 def _texts(batch: pa.Table, max_candidates: int, buckets: int) -> pa.Table:
     """The block's distinct texts: hash, text, length, occurrences in the block, cache bucket."""
     refs: dict[str, int] = {}
     for col in TEXT_COLUMNS:
         for text in batch.column(col).to_pylist():
             refs[text] = refs.get(text, 0) + 1
-    if max_candidates:
-        for action, cands in zip(batch.column("action_text").to_pylist(), batch.column("candidates").to_pylist()):
-            for text in untaken_candidates(action, cands, max_candidates):
-                refs[text] = refs.get(text, 0) + 1
+    actions = batch.column("action_text").to_pylist()
+    for untaken in _untaken(actions, batch.column("candidates").to_pylist() if max_candidates else actions,
+                            max_candidates):
+        for text in untaken:
+            refs[text] = refs.get(text, 0) + 1
     texts = list(refs)
     hashes = [text_hash(t) for t in texts]
     return pa.table({
@@ -215,48 +238,121 @@ def _texts(batch: pa.Table, max_candidates: int, buckets: int) -> pa.Table:
     })
 
 
-def _resolve(block: pa.Table, cache: EmbeddingCache | None, block_texts: int, dim: int, dtype: str):
-    """One hash partition (whole buckets): global dedupe, cache lookup, length sort, blocks of
-    at most `block_texts` texts that each hold one bucket and are all cached or all new."""
-    if block.num_rows == 0:
+def _list_prefix(column: pa.ChunkedArray | pa.Array, keep: np.ndarray) -> pa.Array:
+    """Each row's list cut to its first `keep[i]` items (vectorised: no Python objects per item)."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if arr.null_count:
+        arr = pc.fill_null(arr, pa.scalar([], arr.type))
+    offsets = arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+    starts, lengths = offsets[:-1], np.diff(offsets)
+    keep = np.minimum(keep.astype(np.int64), lengths)
+    new_offsets = np.concatenate([[0], np.cumsum(keep)])
+    idx = np.repeat(starts - new_offsets[:-1], keep) + np.arange(new_offsets[-1], dtype=np.int64)
+    values = arr.values.take(pa.array(idx, pa.int64()))
+    return pa.ListArray.from_arrays(pa.array(new_offsets, pa.int32()), values, type=arr.type)
+
+
+class _Registry:
+    """The run's claim table for one shard of cache buckets (a Ray actor, no CPU reserved).
+
+    A scan task asks it which of its block's distinct texts it should send to the encoder:
+    the first block to present a hash claims it; later blocks drop it; a hash the persistent
+    cache holds is claimed for a copy instead of a model call. Claims are keyed by the block's
+    content, so a retried task gets its own claims back. Cached hashes are looked up in a
+    sorted array per bucket, loaded once per run from that bucket's hash column only."""
+
+    CACHED = ""
+
+    def __init__(self, cache: EmbeddingCache | None):
+        self.cache = cache
+        self.owner: dict[str, str] = {}
+        self.known: dict[int, np.ndarray] = {}
+        self.cached: dict[int, list[str]] = {}
+        self.refs: dict[str, int] = {}
+
+    def _known(self, bucket: int) -> np.ndarray:
+        if bucket not in self.known:
+            hashes = self.cache.hashes(bucket) if self.cache is not None else []
+            self.known[bucket] = np.sort(np.array(hashes, dtype="S32"))
+        return self.known[bucket]
+
+    def claim(self, owner: str, hashes: list[str], buckets: list[int], refs: int) -> list[bool]:
+        """True for the hashes this block must encode."""
+        self.refs[owner] = refs
+        fresh = [i for i, h in enumerate(hashes) if h not in self.owner]
+        by_bucket: dict[int, list[int]] = {}
+        for i in fresh:
+            by_bucket.setdefault(buckets[i], []).append(i)
+        for bucket, rows in by_bucket.items():
+            known = self._known(bucket)
+            wanted = np.array([hashes[i] for i in rows], dtype="S32")
+            hit = np.zeros(len(rows), bool)
+            if len(known):
+                pos = np.minimum(np.searchsorted(known, wanted), len(known) - 1)
+                hit = known[pos] == wanted
+            for i, cached in zip(rows, hit.tolist()):
+                self.owner[hashes[i]] = self.CACHED if cached else owner
+                if cached:
+                    self.cached.setdefault(bucket, []).append(hashes[i])
+        return [self.owner[h] == owner for h in hashes]
+
+    def summary(self) -> dict:
+        n_cached = sum(len(v) for v in self.cached.values())
+        return {"distinct": len(self.owner), "cached": self.cached, "n_cached": n_cached,
+                "refs": sum(self.refs.values())}
+
+
+def _claim(registries: list, owner: str, table: pa.Table, buckets: int) -> np.ndarray:
+    """Ask each registry shard about its part of `table`; registries are actor handles (or,
+    in tests, plain `_Registry` objects)."""
+    hashes = table.column("text_hash").to_pylist()
+    bucket_ids = table.column("bucket").to_pylist()
+    refs = table.column("refs").to_numpy()
+    shard = np.array(bucket_ids, np.int64) % len(registries)
+    keep = np.zeros(len(hashes), bool)
+    pending = []
+    for k, reg in enumerate(registries):
+        rows = np.flatnonzero(shard == k)
+        if not len(rows):
+            continue
+        args = (owner, [hashes[i] for i in rows], [bucket_ids[i] for i in rows], int(refs[rows].sum()))
+        if hasattr(reg.claim, "remote"):
+            pending.append((rows, reg.claim.remote(*args)))
+        else:
+            keep[rows] = reg.claim(*args)
+    if pending:
+        import ray
+
+        for rows, answer in zip([r for r, _ in pending], ray.get([ref for _, ref in pending])):
+            keep[rows] = answer
+    return keep
+
+
+def _scan(batch: pa.Table, registries: list, max_candidates: int, buckets: int, block_texts: int):
+    """Transition rows -> the texts this block must encode (first seen in the run, not in the
+    cache), in blocks of at most `block_texts`. Blocks are not sorted by length across the
+    run: a block of the longest texts costs twenty times one of the shortest, and the pool
+    would idle behind it; each actor sorts its block instead (`length_batches`), which with
+    blocks much larger than a batch pads as little as a global sort."""
+    distinct = _texts(batch, max_candidates, buckets)
+    if distinct.num_rows == 0:
         return
-    grouped = block.group_by(["text_hash"], use_threads=False).aggregate(
-        [("text", "first"), ("n_chars", "first"), ("refs", "sum"), ("bucket", "first")])
-    grouped = grouped.rename_columns([c.replace("_first", "").replace("_sum", "") for c in grouped.column_names])
-    etype = emb_type(dim, dtype)
-    for bucket in sorted(pc.unique(grouped.column("bucket")).to_pylist()):
-        part = grouped.filter(pc.equal(grouped.column("bucket"), bucket))
-        hashes = part.column("text_hash")
-        found = cache.read_bucket(bucket, hashes.combine_chunks()) if cache is not None else None
-        hit = None
-        if found is not None and found.num_rows:
-            idx = pc.index_in(hashes, value_set=found.column("text_hash"))
-            hit = idx.is_valid()
-            cached = part.filter(hit)
-            yield pa.table({"text_hash": cached.column("text_hash"), "text": pa.nulls(cached.num_rows, pa.string()),
-                            "n_chars": cached.column("n_chars"), "refs": cached.column("refs"),
-                            "cached": pa.array(np.ones(cached.num_rows, bool)),
-                            "emb": found.column("emb").take(idx.filter(hit))})
-        new = part.filter(pc.invert(hit)) if hit is not None else part
-        new = new.sort_by([("n_chars", "ascending")])
-        for start in range(0, new.num_rows, block_texts):
-            chunk = new.slice(start, block_texts)
-            yield pa.table({"text_hash": chunk.column("text_hash"), "text": chunk.column("text"),
-                            "n_chars": chunk.column("n_chars"), "refs": chunk.column("refs"),
-                            "cached": pa.array(np.zeros(chunk.num_rows, bool)),
-                            "emb": pa.nulls(chunk.num_rows, etype)})
+    owner = hashlib.blake2b("".join(distinct.column("text_hash").to_pylist()).encode(), digest_size=12).hexdigest()
+    keep = _claim(registries, owner, distinct, buckets)
+    new = distinct.filter(pa.array(keep))
+    for start in range(0, new.num_rows, block_texts):
+        yield new.slice(start, block_texts).select(["text_hash", "text", "n_chars", "bucket"])
 
 
 class _Encoder:
-    """One model load per actor (at start, or at the first new text when a cache may answer
-    everything); cached rows pass through without a model call."""
+    """One model load per actor: at start, or at its first text when a cache may answer
+    everything (then a fully cached run loads no model at all)."""
 
-    def __init__(self, cfg: EncoderConfig, plan: PoolPlan, identity: str, cache: EmbeddingCache | None, run_id: str,
-                 eager: bool):
+    def __init__(self, cfg: EncoderConfig, plan: PoolPlan, identity: str, eager: bool):
         import torch
 
         torch.set_num_threads(plan.threads)
-        self.cfg, self.plan, self.cache, self.run_id = cfg, plan, cache, run_id
+        self.cfg, self.plan = cfg, plan
         self.identity = EncoderIdentity.from_json(identity)
         self.model = None
         self.texts_encoded = 0
@@ -273,8 +369,7 @@ class _Encoder:
     def encode(self, texts: list[str]) -> np.ndarray:
         if self.model is None:
             self._load()
-        dim = self.identity.dim
-        out = np.empty((len(texts), dim), np.float32)
+        out = np.empty((len(texts), self.identity.dim), np.float32)
         for idx in length_batches([len(t) for t in texts], self.cfg.batch_size, self.identity.max_seq_length):
             out[idx] = self.model.encode([texts[i] for i in idx], batch_size=len(idx), convert_to_numpy=True,
                                          show_progress_bar=False)
@@ -282,68 +377,103 @@ class _Encoder:
         return out
 
     def __call__(self, block: pa.Table) -> pa.Table:
-        dim, dtype = self.identity.dim, self.cfg.dtype
-        cached = block.column("cached").to_numpy(zero_copy_only=False)
-        emb = np.empty((block.num_rows, dim), np.float16 if dtype == "float16" else np.float32)
-        if cached.any():
-            emb[cached] = emb_matrix(block.column("emb").filter(pa.array(cached)), dim)
-        new = np.flatnonzero(~cached)
-        if len(new):
-            texts = block.column("text").take(pa.array(new)).to_pylist()
-            emb[new] = self.encode(texts)
-            if self.cache is not None:
-                self.cache.put(block.column("text_hash").take(pa.array(new)).combine_chunks(),
-                               emb_array(emb[new], dtype), run=self.run_id)
-        return pa.table({"text_hash": block.column("text_hash"), "emb": emb_array(emb, dtype),
-                         "refs": block.column("refs"), "cached": block.column("cached")})
+        emb = self.encode(block.column("text").to_pylist())
+        return pa.table({"text_hash": block.column("text_hash"), "emb": emb_array(emb, self.cfg.dtype),
+                         "bucket": block.column("bucket"), "cached": pa.array(np.zeros(block.num_rows, bool))})
 
 
-class _Attach:
-    """Joins embeddings back onto transitions by text hash. The run's distinct-text table is
-    loaded once per actor into a sorted hash array + matrix (16-byte keys, no per-text Python
-    objects); `candidate_emb` holds the untaken candidates' embeddings, a list per row."""
+def _finish_bucket(bucket: int, cached: list[str], cache: EmbeddingCache, texts_dir: str, run_id: str) -> tuple[int, int]:
+    """After the encoder pool: copy the bucket's cached vectors into `_texts`, and add the
+    bucket's new vectors to the cache (one file per bucket per run). Returns (copied, added)."""
+    import pyarrow.dataset as pads
+    import pyarrow.parquet as pq
 
-    def __init__(self, emb_dir: str, max_candidates: int, identity: str, dtype: str):
-        import pyarrow.dataset as pads
+    fs, path = storage.filesystem(texts_dir)
+    files = [f for f in storage_files(fs, path) if not f.rsplit("/", 1)[-1].startswith("cached-")]
+    added = 0
+    if files:
+        new = pads.dataset(files, filesystem=fs, format="parquet").to_table(
+            columns=["text_hash", "emb"], filter=pc.field("bucket") == bucket)
+        if new.num_rows:
+            added = cache.put(new.column("text_hash").combine_chunks(), new.column("emb").combine_chunks(), run=run_id)
+    copied = 0
+    if cached:
+        found = cache.read_bucket(bucket, pa.array(cached, pa.string()))
+        if found.num_rows != len(set(cached)):
+            raise ModelError(f"embedding cache {cache.uri}: bucket {bucket} lost {len(set(cached)) - found.num_rows} "
+                             "vector(s) during the run")
+        out = pa.table({"text_hash": found.column("text_hash"), "emb": found.column("emb"),
+                        "bucket": pa.array(np.full(found.num_rows, bucket, np.int32)),
+                        "cached": pa.array(np.ones(found.num_rows, bool))})
+        fs.create_dir(path, recursive=True)
+        pq.write_table(out, f"{path}/cached-b{bucket:03d}.parquet", filesystem=fs, compression="zstd")
+        copied = found.num_rows
+    return copied, added
 
-        self.max_candidates = max_candidates
-        fs, path = storage.filesystem(emb_dir)
-        table = pads.dataset(path, filesystem=fs, format="parquet").to_table(columns=["text_hash", "emb"])
-        keys = np.array(table.column("text_hash").to_pylist(), dtype="S32")
-        order = np.argsort(keys, kind="stable")
-        self.keys = keys[order]
-        self.matrix = table.column("emb").combine_chunks().take(pa.array(order))
-        self.schema_meta = {ENCODER_KEY: identity.encode(), b"harnessrl.embedding_dtype": dtype.encode()}
 
-    def _rows(self, texts: list[str], memo: dict[str, int]) -> list[int]:
+def storage_files(fs, path: str) -> list[str]:
+    import pyarrow.fs as pafs
+
+    infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    return sorted(i.path for i in infos if i.type == pafs.FileType.File and i.base_name.endswith(".parquet"))
+
+
+_INDEX: dict = {}
+
+
+def _attach(batch: pa.Table, index, max_candidates: int, schema_meta: dict) -> pa.Table:
+    """Transition rows + state_emb, action_emb, next_state_emb, candidate_emb (a list per row:
+    the untaken candidates' vectors), by text hash against the run's sorted distinct-text index
+    (shared through the object store: zero-copy, fetched once per worker process)."""
+    import ray
+
+    key = index.hex()
+    if key not in _INDEX:
+        _INDEX.clear()
+        _INDEX[key] = ray.get(index)
+    keys, matrix = _INDEX[key]
+    memo: dict[str, int] = {}
+
+    def rows(texts: list[str]) -> np.ndarray:
         missing = [t for t in dict.fromkeys(texts) if t not in memo]
         if missing:
             wanted = np.array([text_hash(t) for t in missing], dtype="S32")
-            pos = np.searchsorted(self.keys, wanted)
-            pos = np.minimum(pos, len(self.keys) - 1)
-            bad = self.keys[pos] != wanted
+            pos = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
+            bad = keys[pos] != wanted
             if bad.any():
-                raise DataError(f"encode: {int(bad.sum())} text(s) have no embedding (first: {missing[int(np.argmax(bad))][:80]!r})")
+                raise DataError(f"encode: {int(bad.sum())} text(s) have no embedding "
+                                f"(first: {missing[int(np.argmax(bad))][:80]!r})")
             memo.update(zip(missing, pos.tolist()))
-        return [memo[t] for t in texts]
+        return np.array([memo[t] for t in texts], np.int64)
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        memo: dict[str, int] = {}
-        for text_col, emb_col in schemas.EMBEDDING_COLUMNS.items():
-            idx = self._rows(batch.column(text_col).to_pylist(), memo)
-            batch = batch.append_column(emb_col, self.matrix.take(pa.array(idx, pa.int64())))
-        offsets, flat = [0], []
-        for action, cands in zip(batch.column("action_text").to_pylist(), batch.column("candidates").to_pylist()):
-            flat.extend(untaken_candidates(action, cands, self.max_candidates))
-            offsets.append(len(flat))
-        values = self.matrix.take(pa.array(self._rows(flat, memo), pa.int64()))
-        batch = batch.append_column("candidate_emb", pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values))
-        if "candidate_features" in batch.column_names:
-            # candidate_features follow the same order and keep the same prefix
-            kept = [f[: offsets[i + 1] - offsets[i]] for i, f in enumerate(batch.column("candidate_features").to_pylist())]
-            col = batch.schema.get_field_index("candidate_features")
-            batch = batch.set_column(col, "candidate_features", pa.array(kept, batch.schema.field(col).type))
-        return batch.replace_schema_metadata({**(batch.schema.metadata or {}), **self.schema_meta})
+    dtype = "float16" if matrix.dtype == np.float16 else "float32"
+    for text_col, emb_col in schemas.EMBEDDING_COLUMNS.items():
+        batch = batch.append_column(emb_col, emb_array(matrix[rows(batch.column(text_col).to_pylist())], dtype))
+    actions = batch.column("action_text").to_pylist()
+    untaken = _untaken(actions, batch.column("candidates").to_pylist() if max_candidates else actions, max_candidates)
+    counts = np.array([len(u) for u in untaken], np.int64)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    flat = matrix[rows([t for u in untaken for t in u])].reshape(-1, matrix.shape[1])
+    batch = batch.append_column("candidate_emb", pa.ListArray.from_arrays(pa.array(offsets), emb_array(flat, dtype)))
+    if "candidate_features" in batch.column_names:
+        # candidate_features follow the untaken candidates' order: keep the same prefix
+        col = batch.schema.get_field_index("candidate_features")
+        batch = batch.set_column(col, "candidate_features", _list_prefix(batch.column(col), counts))
+    return batch.replace_schema_metadata({**(batch.schema.metadata or {}), **schema_meta})
+
+
+def _index(texts_dir: str, dtype: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """The run's distinct texts as (sorted 32-byte hex keys, matrix in the same order)."""
+    import pyarrow.dataset as pads
+
+    fs, path = storage.filesystem(texts_dir)
+    files = storage_files(fs, path)
+    if not files:
+        return np.array([], dtype="S32"), np.zeros((0, dim), np.float16 if dtype == "float16" else np.float32)
+    table = pads.dataset(files, filesystem=fs, format="parquet").to_table(columns=["text_hash", "emb"])
+    keys = np.array(table.column("text_hash").to_pylist(), dtype="S32")
+    order = np.argsort(keys, kind="stable")
+    return keys[order], emb_matrix(table.column("emb"), dim)[order]
 
 
 # ---- identity of an encoded dataset ----------------------------------------------------------
@@ -413,8 +543,12 @@ def _count_rows(transitions_dir: str) -> int:
         raise DataError(f"no transitions at {transitions_dir}: {exc}") from None
 
 
+def registry_shards(cpus: float, buckets: int) -> int:
+    """Claim-table actors: one on a small cluster, one per 16 CPUs on a large one."""
+    return max(1, min(buckets, int(cpus // 16)))
+
+
 def encode(transitions_dir: str, out_dir: str, cfg: EncoderConfig) -> EncodeResult:
-    import pyarrow.dataset as pads
     import ray
 
     start = time.time()
@@ -437,36 +571,53 @@ def encode(transitions_dir: str, out_dir: str, cfg: EncoderConfig) -> EncodeResu
                  plan.min_actors, plan.max_actors, plan.device, plan.cpus_per_actor,
                  f" + {plan.gpus_per_actor:g} GPU" if plan.gpus_per_actor else "", plan.threads,
                  f"; cache {cache.uri}" if cache else "")
+        phases = {"setup": time.time() - start}
 
         storage.reset_dir(out_dir)
         emb_dir = storage.join(out_dir, "_texts")
-        transitions = ray.data.read_parquet(transitions_dir)
-        texts = transitions.select_columns([*TEXT_COLUMNS, "candidates"]).map_batches(
-            _texts, batch_format="pyarrow", batch_size=None, num_cpus=TASK_CPUS,
-            fn_kwargs={"max_candidates": cfg.max_candidates, "buckets": buckets})
-        resolved = texts.repartition(max(1, min(buckets, shuffle_partitions())), keys=["bucket"]).map_batches(
-            _resolve, batch_format="pyarrow", batch_size=None, num_cpus=TASK_CPUS,
-            fn_kwargs={"cache": cache, "block_texts": cfg.block_texts, "dim": identity.dim, "dtype": cfg.dtype})
-        resolved.map_batches(
-            _Encoder, batch_format="pyarrow", batch_size=None,
-            fn_constructor_kwargs={"cfg": cfg, "plan": plan, "identity": identity.to_json(), "cache": cache,
-                                   "run_id": uuid.uuid4().hex[:12], "eager": eager},
-            **plan.map_kwargs(),
-        ).write_parquet(emb_dir, compression="zstd")
+        run_id = uuid.uuid4().hex[:12]
+        registry = ray.remote(num_cpus=0, max_restarts=0)(_Registry)
+        registries = [registry.remote(cache) for _ in range(registry_shards(float(resources.get("CPU", 1)), buckets))]
+        try:
+            transitions = ray.data.read_parquet(transitions_dir)
+            # `memory` keeps Ray from fusing the scan into the encoder actors (same CPU share):
+            # fused, the pool would get one task per file instead of one per block of texts.
+            new_texts = transitions.select_columns([*TEXT_COLUMNS, "candidates"]).map_batches(
+                _scan, batch_format="pyarrow", batch_size=None, num_cpus=TASK_CPUS, memory=SCAN_MEMORY,
+                fn_kwargs={"registries": registries, "max_candidates": cfg.max_candidates, "buckets": buckets,
+                           "block_texts": cfg.block_texts})
+            # a task's outputs are merged into one block: cut them again, so that the pool's
+            # unit of work is `block_texts` texts of similar length, not one input file
+            new_texts = new_texts.repartition(target_num_rows_per_block=cfg.block_texts)
+            new_texts.map_batches(
+                _Encoder, batch_format="pyarrow", batch_size=None,
+                fn_constructor_kwargs={"cfg": cfg, "plan": plan, "identity": identity.to_json(), "eager": eager},
+                **plan.map_kwargs(),
+            ).write_parquet(emb_dir, compression="zstd")
+            summaries = ray.get([r.summary.remote() for r in registries])
+        finally:
+            for r in registries:
+                ray.kill(r)
+        n_distinct = sum(x["distinct"] for x in summaries)
+        n_cached = sum(x["n_cached"] for x in summaries)
+        texts_total = sum(x["refs"] for x in summaries)
+        if cache is not None:
+            cached = {b: h for x in summaries for b, h in x["cached"].items()}
+            finish = ray.remote(num_cpus=TASK_CPUS)(_finish_bucket)
+            ray.get([finish.remote(b, cached.get(b, []), cache, emb_dir, run_id) for b in range(buckets)])
+        phases["texts"] = time.time() - start
 
-        fs, path = storage.filesystem(emb_dir)
-        stats = pads.dataset(path, filesystem=fs, format="parquet").to_table(columns=["refs", "cached"])
-        n_distinct = stats.num_rows
-        texts_total = int(pc.sum(stats.column("refs")).as_py() or 0)
-        n_cached = int(pc.sum(stats.column("cached").cast(pa.int64())).as_py() or 0)
-
-        attach_max = max(1, min(4, math.floor(cpu_budget(float(resources.get("CPU", 1))) / TASK_CPUS)))
+        keys, matrix = _index(emb_dir, cfg.dtype, identity.dim)
+        if len(keys) != n_distinct:
+            raise DataError(f"encode: {n_distinct} distinct texts but {len(keys)} vectors under {emb_dir}")
+        index = ray.put((keys, matrix))
+        schema_meta = {ENCODER_KEY: identity.to_json().encode(), b"harnessrl.embedding_dtype": cfg.dtype.encode()}
         transitions.map_batches(
-            _Attach, batch_format="pyarrow",
-            fn_constructor_kwargs={"emb_dir": emb_dir, "max_candidates": cfg.max_candidates,
-                                   "identity": identity.to_json(), "dtype": cfg.dtype},
-            compute=ray.data.ActorPoolStrategy(min_size=1, max_size=attach_max), num_cpus=TASK_CPUS,
+            _attach, batch_format="pyarrow", num_cpus=TASK_CPUS,
+            fn_kwargs={"index": index, "max_candidates": cfg.max_candidates, "schema_meta": schema_meta},
         ).write_parquet(storage.join(out_dir, "data"), compression="zstd")
+        del index
+        phases["attach"] = time.time() - start - phases["texts"]
 
         meta = {"encoder": json.loads(identity.to_json()), "encoder_digest": identity.digest(), "rows": rows,
                 "texts_total": texts_total, "texts_distinct": n_distinct, "texts_cached": n_cached,
@@ -478,8 +629,11 @@ def encode(transitions_dir: str, out_dir: str, cfg: EncoderConfig) -> EncodeResu
     result = EncodeResult(out_dir, rows, texts_total, n_distinct, plan.max_actors, time.time() - start, meta["encoder"],
                           texts_cached=n_cached, texts_encoded=n_distinct - n_cached, min_actors=plan.min_actors,
                           cpus_per_actor=plan.cpus_per_actor, gpus_per_actor=plan.gpus_per_actor,
-                          cache=cache.uri if cache else None, driver_peak_rss_mb=round(rss.peak / 2**20, 1))
+                          cache=cache.uri if cache else None, driver_peak_rss_mb=round(rss.peak / 2**20, 1),
+                          phases={"setup": round(phases["setup"], 2),
+                                  "texts": round(phases["texts"] - phases["setup"], 2),
+                                  "attach": round(phases["attach"], 2)})
     log.info("encode: %d texts, %d distinct (%d from the cache, %d encoded) in %.1f s (%.0f distinct texts/s "
-             "end to end)", texts_total, n_distinct, n_cached, n_distinct - n_cached, result.seconds,
-             n_distinct / max(result.seconds, 1e-9))
+             "end to end; %s)", texts_total, n_distinct, n_cached, n_distinct - n_cached, result.seconds,
+             n_distinct / max(result.seconds, 1e-9), result.phases)
     return result

@@ -56,7 +56,7 @@ class EncoderConfig(_Strict):
     precision: Literal["auto", "float32", "float16"] = Field(
         "auto", description="model weights: auto = float16 on GPU, float32 on CPU")
     dtype: Literal["float32", "float16"] = Field("float32", description="stored embedding columns")
-    block_texts: int = Field(512, ge=16, description="distinct texts per encoder call (one length band of one bucket)")
+    block_texts: int = Field(256, ge=16, description="distinct texts per encoder actor call (sorted by length there)")
     cache: str | None = Field(None, description="persistent embedding cache: a local folder or s3:// URI; None = off")
 
     @model_validator(mode="after")

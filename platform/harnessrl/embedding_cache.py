@@ -130,6 +130,16 @@ class EmbeddingCache:
             table = table.take(pc.index_in(unique, value_set=table.column("text_hash")))
         return table.combine_chunks()
 
+    def hashes(self, bucket: int) -> list[str]:
+        """Every hash stored in one bucket (the hash column only: 32 bytes a text)."""
+        files = self.files(bucket)
+        if not files:
+            return []
+        import pyarrow.dataset as pads
+
+        column = pads.dataset(files, filesystem=self._fs, format="parquet").to_table(columns=["text_hash"])
+        return pc.unique(column.column("text_hash")).to_pylist() if column.num_rows else []
+
     def lookup(self, hashes: Sequence[str]) -> pa.Table:
         """(text_hash, emb) for those of `hashes` that are cached (any order; each once)."""
         by_bucket: dict[int, list[str]] = {}

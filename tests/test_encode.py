@@ -1,0 +1,301 @@
+"""The encode stage (issue 8): dedupe, the persistent embedding cache (S3 on loopback), encoder
+identity checks, length-aware batching and actor-pool planning (GPU options checked on CPU).
+
+Stage runs use the session's local Ray (2 CPUs) and the transitions of the sample slice
+(conftest); vectors are compared with direct `model.encode` calls of the real MiniLM.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import table as _table
+from harnessrl.config import EncoderConfig, parse_pipeline
+from harnessrl.embedding_cache import EmbeddingCache, bucket_of
+from harnessrl.encoders import EncoderIdentity, encoder_identity, load_encoder, text_hash
+from harnessrl.errors import ConfigError, ModelError
+from harnessrl.transitions import untaken_candidates
+
+GiB = 2**30
+F16_ATOL = 2e-3  # float16 has ~3 significant digits; unit vectors have entries below 1
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_encoder(max_seq_length=128)
+
+
+def _distinct(rows: pa.Table, max_candidates: int = 16) -> set[str]:
+    texts = {t for c in ("state_text", "action_text", "next_state_text") for t in rows.column(c).to_pylist()}
+    texts |= {t for a, cands in zip(rows.column("action_text").to_pylist(), rows.column("candidates").to_pylist())
+              for t in untaken_candidates(a, cands, max_candidates)}
+    return texts
+
+
+@pytest.fixture(scope="module")
+def s3_cache(s3):
+    return f"s3://{s3['bucket']}/embedding-cache"
+
+
+@pytest.fixture(scope="module")
+def first_run(transitions, work, s3_cache):
+    """float16 columns, the cache on S3 (empty at first)."""
+    from harnessrl.pipelines.encode import encode
+
+    cfg = EncoderConfig(batch_size=32, max_seq_length=128, dtype="float16", cache=s3_cache, block_texts=128)
+    return cfg, encode(str(work["dir"] / "transitions"), str(work["dir"] / "enc16"), cfg)
+
+
+# ---- dedupe ----------------------------------------------------------------------------------
+def test_each_distinct_text_encoded_once_and_equal_to_direct(first_run, work, model):
+    _, result = first_run
+    rows = _table(work["dir"] / "enc16" / "data")
+    texts = _table(work["dir"] / "enc16" / "_texts")
+    distinct = _distinct(rows)
+    assert result.texts_distinct == len(distinct) == texts.num_rows
+    assert set(texts.column("text_hash").to_pylist()) == {text_hash(t) for t in distinct}  # each exactly once
+    assert result.texts_total == sum(
+        3 + len(untaken_candidates(a, c, 16))
+        for a, c in zip(rows.column("action_text").to_pylist(), rows.column("candidates").to_pylist()))
+    assert result.texts_encoded == len(distinct) and result.texts_cached == 0
+    for col in ("state_emb", "action_emb", "next_state_emb"):
+        assert str(rows.schema.field(col).type) == "fixed_size_list<element: halffloat>[384]"
+    # extra transition columns pass through untouched
+    source = _table(work["dir"] / "transitions")
+    for col in ("tool", "features", "reward", "info"):
+        assert col in rows.column_names
+    by_key = {(r["episode_id"], r["step_idx"]): r for r in source.select(["episode_id", "step_idx", "features", "tool"]).to_pylist()}
+    for r in rows.select(["episode_id", "step_idx", "features", "tool"]).slice(0, 50).to_pylist():
+        assert by_key[(r["episode_id"], r["step_idx"])] == r
+
+    # identical vectors to direct encoding (float32 model, stored as float16): states, actions,
+    # next states and untaken candidates of a spread of rows, short and long texts alike
+    enc, _ = model
+    sample = rows.take(np.linspace(0, rows.num_rows - 1, 24).astype(int)).to_pylist()
+    for col, emb_col in (("state_text", "state_emb"), ("action_text", "action_emb"), ("next_state_text", "next_state_emb")):
+        direct = enc.encode([r[col] for r in sample])
+        stored = np.array([r[emb_col] for r in sample], np.float32)
+        np.testing.assert_allclose(stored, direct, atol=F16_ATOL, rtol=0)
+    for r in sample[:8]:
+        expected = untaken_candidates(r["action_text"], r["candidates"], 16)
+        if expected:
+            np.testing.assert_allclose(np.array(r["candidate_emb"], np.float32), enc.encode(expected), atol=F16_ATOL,
+                                       rtol=0)
+            assert len(r["candidate_features"]) == len(expected)
+
+
+# ---- the persistent cache ----------------------------------------------------------------------
+def test_rerun_takes_everything_from_the_cache(first_run, work):
+    from harnessrl.pipelines.encode import encode
+
+    cfg, first = first_run
+    again = encode(str(work["dir"] / "transitions"), str(work["dir"] / "enc16-again"), cfg)
+    assert again.texts_distinct == first.texts_distinct
+    assert again.texts_cached == first.texts_distinct and again.texts_encoded == 0  # no model call at all
+    a = _table(work["dir"] / "enc16" / "data").sort_by([("episode_id", "ascending"), ("step_idx", "ascending")])
+    b = _table(work["dir"] / "enc16-again" / "data").sort_by([("episode_id", "ascending"), ("step_idx", "ascending")])
+    for col in ("state_emb", "action_emb", "next_state_emb", "candidate_emb"):
+        assert a.column(col).equals(b.column(col))
+    meta = json.loads((work["dir"] / "enc16-again" / "_dataset.json").read_text())
+    assert meta["texts_cached"] == first.texts_distinct and meta["cache"].startswith("s3://")
+
+
+def test_new_data_with_old_states_encodes_only_new_texts(first_run, work, tmp_path):
+    """A corpus that shares most texts with the cached run: only its new texts are encoded. Also
+    a fixed pool of 2 actors x 1 CPU, which does not fit a 2-CPU Ray: it is shrunk, not hung."""
+    from harnessrl.pipelines.encode import encode
+
+    cfg, _ = first_run
+    src = sorted((work["dir"] / "transitions").glob("*.parquet"))
+    new_dir = tmp_path / "transitions"
+    new_dir.mkdir()
+    for p in src[1:]:
+        shutil.copy(p, new_dir / p.name)
+    changed = pq.read_table(src[0])
+    states = [f"{s}\n(replayed with a new note {i})" for i, s in enumerate(changed.column("state_text").to_pylist())]
+    changed = changed.set_column(changed.schema.get_field_index("state_text"), "state_text", pa.array(states))
+    pq.write_table(changed, new_dir / src[0].name)
+    new_texts = set(states) - _distinct(_table(work["dir"] / "transitions"))
+
+    cfg2 = cfg.model_copy(update={"actors": 2, "cpus_per_actor": 1.0})
+    result = encode(str(new_dir), str(tmp_path / "encoded"), cfg2)
+    assert result.texts_encoded == len(new_texts) > 0
+    assert result.texts_cached == result.texts_distinct - len(new_texts)
+    assert result.actors == 2 and result.cpus_per_actor * 2 <= 1.0  # adapted to the 2-CPU cluster
+
+
+def test_cached_and_seen_texts_never_reach_the_model(tmp_path):
+    """The scan step, in process with a plain claim table: texts the cache holds and texts an
+    earlier block claimed are dropped before the encoder pool; a retried block gets its own
+    claims back; texts come out in ascending length. An encoder actor that receives nothing
+    loads no model."""
+    from harnessrl.embedding_cache import BUCKETS, emb_array
+    from harnessrl.pipelines.encode import _Encoder, _Registry, _scan, plan_pool
+
+    identity = encoder_identity(max_seq_length=128)
+    cache = EmbeddingCache(str(tmp_path / "cache"), identity, "float32").open()
+    cache.put([text_hash("look"), text_hash("Task: a\nNow: room")],
+              emb_array(np.ones((2, identity.dim), np.float32), "float32"))
+
+    def batch(states, actions, cands):
+        return pa.table({"state_text": states, "action_text": actions, "next_state_text": states[1:] + ["end"],
+                         "candidates": cands})
+
+    first = batch(["Task: a\nNow: room", "Task: a\nNow: hall, long text"], ["look", "go north"],
+                  [["look", "take key", "go north"], None])
+    second = batch(["Task: a\nNow: hall, long text", "Task: a\nNow: cellar"], ["take key", "x"], [None, None])
+    registry = _Registry(cache)
+
+    def scan(b):
+        out = list(_scan(b, [registry], max_candidates=16, buckets=BUCKETS, block_texts=2))
+        assert all(t.num_rows <= 2 for t in out)
+        return [t for part in out for t in part.column("text").to_pylist()]
+
+    got = scan(first)
+    assert sorted(got) == sorted(["Task: a\nNow: hall, long text", "go north", "take key", "end"])
+    assert [len(t) for t in got] == sorted(len(t) for t in got)
+    assert sorted(scan(first)) == sorted(got)  # a retried block: the same claims
+    assert scan(second) == ["x", "Task: a\nNow: cellar"]  # hall and "take key" were claimed by the first block
+    summary = registry.summary()
+    assert summary["n_cached"] == 2 and summary["distinct"] == 8
+    assert summary["refs"] == (3 * 2 + 2) + 3 * 2  # occurrences, untaken candidates included; a retry counts once
+
+    cfg = EncoderConfig(max_seq_length=128)
+    enc = _Encoder(cfg, plan_pool(cfg, {"CPU": 2}), identity.to_json(), eager=False)
+    assert enc.model is None and enc.texts_encoded == 0  # loaded at its first text only
+    out = enc(pa.table({"text_hash": [text_hash("go north")], "text": ["go north"], "n_chars": [8], "bucket": [0]}))
+    assert enc.texts_encoded == 1 and enc.model is not None and out.column("cached").to_pylist() == [False]
+
+
+def test_cache_roundtrip_local_and_s3(tmp_path, s3):
+    identity = encoder_identity(max_seq_length=128)
+    rng = np.random.default_rng(1)
+    texts = [f"text {i}" for i in range(200)]
+    vectors = rng.standard_normal((200, identity.dim)).astype(np.float32)
+    for root in (str(tmp_path / "cache"), f"s3://{s3['bucket']}/roundtrip"):
+        cache = EmbeddingCache(root, identity, "float32").open()
+        assert cache.put([text_hash(t) for t in texts[:150]], vectors[:150], run="one") == 150
+        assert cache.put([text_hash(t) for t in texts[100:]], vectors[100:], run="two") == 100  # overlap: harmless
+        got, found = cache.get(texts + ["never seen"])
+        assert found[:200].all() and not found[200]
+        np.testing.assert_array_equal(got[:200], vectors)
+        stats = cache.stats()
+        assert stats["rows"] == 250 and stats["files"] <= 2 * cache.buckets
+        buckets = {bucket_of(text_hash(t), cache.buckets) for t in texts}
+        assert len(buckets) > 1  # spread over buckets: a lookup reads only its own
+
+
+# ---- encoder identity ----------------------------------------------------------------------
+def test_identity_from_files_matches_loaded_model(model):
+    _, loaded = model
+    assert encoder_identity(max_seq_length=128) == loaded
+    assert encoder_identity().max_seq_length == load_encoder()[1].max_seq_length == 256
+
+
+def test_encoder_mismatch_is_a_clear_error(encoded, work, tmp_path, model):
+    from harnessrl.pipelines.encode import _Encoder, check_identity, plan_pool
+
+    _, identity = model
+    check_identity(encoded.out_dir, identity)  # the right encoder passes
+    other = EncoderIdentity(**{**json.loads(identity.to_json()), "max_seq_length": 64})
+    with pytest.raises(ModelError, match="max_seq_length: 128 vs 64"):
+        check_identity(encoded.out_dir, other)
+    meta = pads.dataset(str(work["dir"] / "encoded" / "data"), format="parquet").schema.metadata
+    assert EncoderIdentity.from_json(meta[b"harnessrl.encoder"].decode()) == identity  # travels with the Parquet files
+
+    # a cache folder that holds another encoder's vectors
+    cache = EmbeddingCache(str(tmp_path / "c"), identity, "float32").open()
+    (tmp_path / "c" / f"{identity.digest()}-float32" / "_cache.json").write_text(
+        json.dumps({"encoder": json.loads(other.to_json()), "dtype": "float32", "dim": 384, "buckets": 16}))
+    with pytest.raises(ModelError, match="encoder mismatch in embedding cache"):
+        EmbeddingCache(cache.root, identity, "float32").open()
+
+    # an actor whose model differs from the identity the driver expects refuses to encode
+    cfg = EncoderConfig(max_seq_length=128)
+    with pytest.raises(ModelError, match="encoder mismatch in encoder actor"):
+        _Encoder(cfg, plan_pool(cfg, {"CPU": 2}), other.to_json(), eager=True)
+
+
+# ---- batching and pool planning -----------------------------------------------------------------
+def test_length_batches_group_similar_lengths():
+    from harnessrl.pipelines.encode import length_batches
+
+    rng = np.random.default_rng(0)
+    lengths = np.concatenate([rng.integers(5, 40, 500), rng.integers(400, 1500, 300)])
+    rng.shuffle(lengths)
+    batches = length_batches(lengths, batch_size=32, max_tokens=128)
+    flat = np.concatenate(batches)
+    assert sorted(flat.tolist()) == list(range(len(lengths)))  # every text once
+    assert np.all(np.diff(lengths[flat]) >= 0)  # ascending length
+    sizes = [len(b) for b in batches]
+    assert max(sizes) > 32 and sizes[-2] == 32  # short texts: bigger batches; long ones: batch_size (last: the rest)
+    for b in batches:
+        longest = min(128, lengths[b].max() // 4 + 2)
+        assert len(b) == 1 or len(b) * longest <= 32 * 128
+
+
+def test_pool_plan_fits_small_machines():
+    from harnessrl.pipelines.encode import cpu_budget, plan_pool
+
+    two = {"CPU": 2.0, "memory": 14 * GiB}
+    p = plan_pool(EncoderConfig(), two)
+    assert (p.min_actors, p.max_actors, p.cpus_per_actor, p.threads, p.device) == (2, 2, 0.5, 1, "cpu")
+    p = plan_pool(EncoderConfig(actors=2, cpus_per_actor=1), two)  # would take both CPUs: the reads never run
+    assert p.max_actors * p.cpus_per_actor <= cpu_budget(2) and p.max_actors == 2 and p.notes
+    p = plan_pool(EncoderConfig(cpus_per_actor=4), two)
+    assert (p.max_actors, p.cpus_per_actor, p.threads) == (1, 1.0, 2)
+    p = plan_pool(EncoderConfig(actors=1), two)
+    assert (p.max_actors, p.threads) == (1, 2)  # one actor uses both cores
+    p = plan_pool(EncoderConfig(min_actors=1, max_actors=4), {"CPU": 8.0, "memory": 32 * GiB})
+    assert (p.min_actors, p.max_actors) == (1, 4)
+    assert plan_pool(EncoderConfig(), {"CPU": 64.0, "memory": 4 * GiB}, node_cpus=16).max_actors == 3  # memory-bound
+    assert plan_pool(EncoderConfig(), {"CPU": 64.0, "memory": 64 * GiB}, max_blocks=3).max_actors == 3  # little work
+
+
+def test_gpu_options_validated_on_cpu():
+    """Configuration only: no GPU is used."""
+    from harnessrl.pipelines.encode import plan_pool
+
+    with pytest.raises(ConfigError, match="has 0 GPU"):
+        plan_pool(EncoderConfig(gpus_per_actor=1), {"CPU": 2.0, "memory": 14 * GiB})
+    gpu_cluster = {"CPU": 32.0, "GPU": 2.0, "memory": 200 * GiB}
+    p = plan_pool(EncoderConfig(gpus_per_actor=0.5, batch_size=256), gpu_cluster, node_cpus=16)
+    assert (p.min_actors, p.max_actors, p.gpus_per_actor, p.device, p.half) == (4, 4, 0.5, "cuda", True)
+    kwargs = p.map_kwargs()
+    assert kwargs["num_gpus"] == 0.5 and kwargs["num_cpus"] == 0.5
+    assert (kwargs["compute"].min_size, kwargs["compute"].max_size) == (4, 4)
+    p = plan_pool(EncoderConfig(gpus_per_actor=1, precision="float32", max_actors=8), gpu_cluster)
+    assert (p.max_actors, p.half) == (2, False) and p.notes  # 8 asked, 2 GPUs
+    assert "num_gpus" not in plan_pool(EncoderConfig(), gpu_cluster).map_kwargs()
+
+    base = {"data": {"train": ["x"]}}
+    for encoder, message in (
+        ({"precision": "float16"}, "float16 needs GPU actors"),
+        ({"gpus_per_actor": 2}, "at most one GPU"),
+        ({"actors": 2, "max_actors": 4}, "either actors"),
+        ({"min_actors": 4, "max_actors": 2}, "larger than max_actors"),
+        ({"cache": "gs://bucket/x"}, "local folder or an s3:// URI"),
+        ({"dtype": "bfloat16"}, "encoder.dtype"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            parse_pipeline({**base, "encoder": encoder})
+    assert parse_pipeline({**base, "encoder": {"gpus_per_actor": 1, "precision": "float16", "min_actors": 1,
+                                               "max_actors": 8, "cache": "s3://b/c"}}).encoder.max_actors == 8
+
+
+def test_gpu_actors_on_a_cpu_cluster_fail_fast(transitions, work, tmp_path):
+    import time
+
+    from harnessrl.pipelines.encode import encode
+
+    start = time.time()
+    with pytest.raises(ConfigError, match="gpus_per_actor"):
+        encode(str(work["dir"] / "transitions"), str(tmp_path / "out"), EncoderConfig(gpus_per_actor=1))
+    assert time.time() - start < 30
