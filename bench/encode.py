@@ -382,13 +382,18 @@ def print_report(out: dict) -> None:
     print(f"corpus {out['corpus']}: {out['transitions']} transitions, {n_naive} state/action/next-state texts, "
           f"{n_distinct} distinct texts; MiniLM max_seq_length {out['max_seq_length']}, batch {out['batch_size']}, "
           f"{out['cpus']} CPUs (torch threads {out['threads']} for a/b; Ray {out['ray_cpus']} CPUs for c/d)")
-    print(f"{'method':42s} {'encoded':>8s} {'wall s':>8s} {'texts/s':>9s} {'distinct/s':>11s} {'others CPU':>10s}")
+    print(f"{'method':42s} {'encoded':>8s} {'wall s':>8s} {'texts/s':>9s} {'distinct/s':>11s} {'CPU s':>8s} "
+          f"{'others CPU':>10s}")
     for name, rep, texts, dist in rows:
         wall = rep["wall_s"]
         encoded = rep.get("encoded", rep.get("result", {}).get("texts_encoded", ""))
-        mark = "" if rep.get("complete", True) else " (extrapolated)"
+        mark = "" if rep.get("complete", True) else " (time limit: wall extrapolated from the encoded part)"
         d = f"{dist / wall:11.1f}" if dist else f"{'':>11s}"
-        print(f"{name:42s} {encoded!s:>8s} {wall:8.1f} {texts / wall:9.1f} {d} {rep['others_cpu_share']:9.0%}{mark}")
+        print(f"{name:42s} {encoded!s:>8s} {wall:8.1f} {texts / wall:9.1f} {d} {rep['own_cpu_s']:8.0f} "
+              f"{rep['others_cpu_share']:9.0%}{mark}")
+    print("texts/s: the corpus's state/action/next-state texts per second of wall time; distinct/s: its distinct "
+          "texts per second; CPU s: CPU time of the method's processes (for (c)/(d) the whole local Ray); "
+          "others CPU: share of the machine's CPU that other processes used meanwhile")
     a, b, c = out["a_naive"]["wall_s"], out["b_ceiling"]["wall_s"], out["c_stage"]["wall_s"]
     out["ratios"] = {"a_over_c_wall": round(a / c, 2), "c_over_b_distinct_rate": round(b / c, 2)}
     print(f"(c) vs (a): {a / c:.2f}x faster in wall time (target >= 2.5x)")

@@ -6,21 +6,24 @@ vocabulary) on the same minibatch. d3rlpy's IQL step is its twin Q + V + Gaussia
 Both use 256x2 MLPs with LayerNorm, observation 768, action 384, batch 256, Adam, the same
 synthetic data (seeded) and the same number of torch threads.
 
-Methods timed (in process, interleaved in rounds so that load from other processes hits all
-of them alike; each figure is the median over rounds, each ratio the median of per-round ratios):
+Methods timed in process, interleaved in rounds:
   ours                      sample indices from in-memory tensors + the two updates (like fit())
   ours, update only         the two updates on pre-sampled batches (pure compute)
   d3rlpy fit()              one timed `fit(n_steps=...)` call per round, nothing subtracted
   d3rlpy update()           `algo.update(batch)` on pre-sampled batches (pure compute)
 and, unless --skip-ray, in a Ray Train worker (TorchTrainer, 1 worker) over a ray.data dataset
-with the columns the encode stage writes:
+with the columns the encode stage writes, interleaved in rounds there:
+  ray worker: update only   pure compute in the worker (the reference for the two data paths)
   ray shard: load+sample    iter_batches(pyarrow) -> tensors once (load time reported), then
                             sample indices each step, as jobs/train.py does
   ray shard: streaming      each step's batch straight from iter_torch_batches(batch_size)
 
-Every loop is bounded in steps and in seconds (--max-block-s). Ray binds to 127.0.0.1.
+Noise: each block also measures how much of the CPUs other processes used meanwhile; each round
+first waits (bounded) for a quiet moment, and figures are medians over the quiet rounds (all
+rounds if none was), ratios medians of per-round ratios. Every loop is bounded in steps and in
+seconds (--max-block-s, --wait-quiet-s). Ray binds to 127.0.0.1.
 
-    python bench/train.py                      # ~2-3 min on 2 quiet cores
+    python bench/train.py                      # ~2 min on 2 quiet cores (longer when busy)
     python bench/train.py --skip-ray --rounds 5 --json /tmp/train-bench.json
     python bench/train.py --device cuda        # ours and d3rlpy on the GPU
     python bench/train.py --profile            # where our update spends its time
@@ -234,7 +237,6 @@ class D3:
     def fit_block(self, steps: int) -> tuple[int, float, float, float]:
         """One fit(n_steps=steps) call, timed whole; stopped by its callback after max_s."""
         done = [0]
-        t0 = time.perf_counter()
 
         def callback(algo, epoch, total_step):
             done[0] = total_step

@@ -47,7 +47,7 @@ from harnessrl.transitions import untaken_candidates
 log = logging.getLogger(__name__)
 DATASET_META = "_dataset.json"
 TEXT_COLUMNS = list(schemas.EMBEDDING_COLUMNS)
-TASK_CPUS = 0.5  # the stage's own map tasks (scan, resolve, attach)
+TASK_CPUS = 0.5  # the stage's own tasks (scan, cache finish, attach)
 ACTOR_MEMORY = 1 << 30  # per encoder actor, for sizing the pool (MiniLM on CPU measured ~650 MB)
 ENCODER_KEY = b"harnessrl.encoder"
 SCAN_MEMORY = 512 << 20  # logical reservation of a scan task (one block of transitions)

@@ -66,7 +66,14 @@ def service(pipeline_run):
     serving.stop()
 
 
-def test_http_score_matches_python_api(service):
+def _training_states(run) -> list[str]:
+    import pyarrow.dataset as pads
+
+    return pads.dataset(f"{run['output_dir']}/transitions", format="parquet").to_table(
+        columns=["state_text"]).column("state_text").to_pylist()
+
+
+def test_http_score_matches_python_api(service, pipeline_run):
     from harnessrl import Critic
 
     state = {"task": "Find the coin and take it.",
@@ -79,7 +86,9 @@ def test_http_score_matches_python_api(service):
     local = Critic.load(f"models:/{MODEL}@champion").score(state, candidates)
     assert np.allclose(body["scores"], local, atol=1e-4)
     assert body["model"]["name"] == MODEL and isinstance(body["fallback"], bool)
-    assert body["ood"] is False  # a game state like the training ones
+    trained = next(iter(_training_states(pipeline_run)))
+    near = httpx.post(f"{service}/v1/score", json={"state": trained, "candidates": candidates}, timeout=60).json()
+    assert near["ood"] is False  # a state the model was trained on
     far = httpx.post(f"{service}/v1/score", json={"state": "Quarterly corporate tax filing deadlines in Delaware.",
                                                    "candidates": candidates}, timeout=60).json()
     assert far["ood"] is True
