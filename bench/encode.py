@@ -107,18 +107,32 @@ class Monitor:
 
     def __init__(self, root: int | None = None, interval: float = 0.25, memory: bool = True):
         self.root, self.interval, self.memory = root or os.getpid(), interval, memory
-        self.peak_kb, self.baseline_kb, self._ticks = 0, 0, {}
+        self.peak_kb, self.baseline_kb, self._ticks, self.peak_parts = 0, 0, {}, {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _sample(self) -> None:
-        total = 0
+    def _sample(self) -> int:
+        total, parts = 0, {}
         for pid in process_tree(self.root):
             self._ticks[pid] = max(self._ticks.get(pid, 0), _cpu_ticks(pid))
             if self.memory:
-                total += _pss_kb(pid)
-        self.peak_kb = max(self.peak_kb, total)
+                parts[pid] = _pss_kb(pid)
+                total += parts[pid]
+        if total > self.peak_kb:
+            self.peak_kb, self.peak_parts = total, parts
         return total
+
+    def top(self, n: int = 6) -> list[tuple[str, float]]:
+        """The largest processes at the peak: (name, PSS MB)."""
+        out = []
+        for pid, kb in sorted(self.peak_parts.items(), key=lambda kv: -kv[1])[:n]:
+            try:
+                with open(f"/proc/{pid}/cmdline") as fh:
+                    name = fh.read().replace("\0", " ").strip()[:60]
+            except OSError:
+                name = "(exited)"
+            out.append((name, round(kb / 1024, 1)))
+        return out
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -186,7 +200,7 @@ def sub_stage(args) -> None:
     time.sleep(2)
     with Monitor() as mon:
         result = encode(args.sub_transitions, args.sub_dir, cfg)
-    print("RESULT " + json.dumps({**mon.report(), "result": result.summary()}), flush=True)
+    print("RESULT " + json.dumps({**mon.report(), "top": mon.top(), "result": result.summary()}), flush=True)
 
 
 def run_sub(mode: str, timeout: float, **kw) -> dict:
