@@ -1,14 +1,19 @@
 """Gradient steps/s of our IQL update against d3rlpy 2.8's IQL on identical inputs (issue 3).
 
-"Ours" is one step of what training runs: `IQLLearner.update` (twin Q over [s, a] + V, the
-critic) plus `DiscreteLearner.update` (twin discrete Q + V + the AWR actor over the tool
-vocabulary) on the same minibatch. d3rlpy's IQL step is its twin Q + V + Gaussian AWR actor.
+"Ours" is one step of what training runs by default: `IQLLearner.update` (twin Q over [s, a] +
+V, the critic) plus `DiscreteLearner.update` with method awr (the AWR actor over the tool
+vocabulary, weighted by the critic's advantage) on the same minibatch: IQL's critic and actor,
+as d3rlpy's IQL step is its twin Q + V + Gaussian AWR actor. Two variants are timed beside it:
+`train.precision: bf16` (opt-in) and `train.tool_head: iql` (the tool head with a discrete twin
+Q + V of its own, what training ran before awr became the default).
 Both use 256x2 MLPs with LayerNorm, observation 768, action 384, batch 256, Adam, the same
 synthetic data (seeded) and the same number of torch threads.
 
 Methods timed in process, interleaved in rounds:
   ours                      sample indices from in-memory tensors + the two updates (like fit())
   ours, update only         the two updates on pre-sampled batches (pure compute)
+  ours, bf16                as "ours", forward passes under bfloat16 autocast
+  ours, tool_head=iql       as "ours", with the discrete-IQL tool head
   d3rlpy fit()              one timed `fit(n_steps=...)` call per round, nothing subtracted
   d3rlpy update()           `algo.update(batch)` on pre-sampled batches (pure compute)
 and, unless --skip-ray, in a Ray Train worker (TorchTrainer, 1 worker) over a ray.data dataset
@@ -81,20 +86,21 @@ def make_data(n: int, n_tools: int, seed: int) -> dict[str, np.ndarray]:
     }
 
 
-def make_learners(n_tools: int, device: str):
+def make_learners(n_tools: int, device: str, tool_head: str = "awr", bf16: bool = False):
+    """The two learners as jobs/train.py builds them (defaults: TrainConfig's)."""
     from harnessrl.algorithms.discrete import DiscreteConfig, DiscreteLearner
     from harnessrl.algorithms.iql import IQLConfig, IQLLearner
 
-    critic = IQLLearner(IQLConfig(state_dim=OBS_DIM, action_dim=ACT_DIM, hidden_dim=HIDDEN), device=device)
-    head = DiscreteLearner(DiscreteConfig(state_dim=OBS_DIM, n_actions=n_tools, hidden_dim=HIDDEN, method="iql"),
-                           device=device)
+    critic = IQLLearner(IQLConfig(state_dim=OBS_DIM, action_dim=ACT_DIM, hidden_dim=HIDDEN, bf16=bf16), device=device)
+    head = DiscreteLearner(DiscreteConfig(state_dim=OBS_DIM, n_actions=n_tools, hidden_dim=HIDDEN, method=tool_head,
+                                          bf16=bf16), device=device)
     return critic, head
 
 
 def ours_update(critic, head, b: dict) -> None:
-    """One step of ours: the critic and the tool head (critic + AWR actor) on the same batch."""
+    """One step of ours: the critic, then the tool head on the same batch (as jobs/train.py)."""
     critic.update(b["state_emb"], b["action_emb"], b["reward"], b["next_state_emb"], b["done"])
-    head.update(b["state_emb"], b["tool_id"], b["reward"], b["next_state_emb"], b["done"])
+    head.update(b["state_emb"], b["tool_id"], b["reward"], b["next_state_emb"], b["done"], adv=critic.advantage)
 
 
 def sync(device: str) -> None:
@@ -157,14 +163,14 @@ def timed_block(step: Callable[[], None], steps: int, max_s: float, device: str)
 
 # ---- our path, in process ------------------------------------------------------------------
 class Ours:
-    def __init__(self, data: dict[str, np.ndarray], args):
+    def __init__(self, data: dict[str, np.ndarray], args, tool_head: str = "awr", bf16: bool = False):
         import torch
 
         self.device, self.batch = args.device, args.batch
         self.t = {k: torch.from_numpy(v).to(args.device) for k, v in data.items()}
         self.n = len(data["reward"])
         torch.manual_seed(args.seed)
-        self.critic, self.head = make_learners(args.n_tools, args.device)
+        self.critic, self.head = make_learners(args.n_tools, args.device, tool_head, bf16)
         self.gen = torch.Generator(device=args.device).manual_seed(args.seed)
         # Pre-sampled batches for the update-only figure (cycled).
         self.pool = [self.sample() for _ in range(16)]
@@ -189,7 +195,8 @@ class Ours:
         t0 = time.perf_counter()
         self.critic.update(b["state_emb"], b["action_emb"], b["reward"], b["next_state_emb"], b["done"])
         t1 = time.perf_counter()  # update() ends in .item() calls: the device is synced here
-        self.head.update(b["state_emb"], b["tool_id"], b["reward"], b["next_state_emb"], b["done"])
+        self.head.update(b["state_emb"], b["tool_id"], b["reward"], b["next_state_emb"], b["done"],
+                         adv=self.critic.advantage)
         t2 = time.perf_counter()
         self.parts["critic"] += t1 - t0
         self.parts["tool_head"] += t2 - t1
@@ -517,13 +524,18 @@ def main(argv: list[str] | None = None) -> int:
           f"rounds={args.rounds}x{args.steps} steps", flush=True)
 
     ours = Ours(data, args)
+    variants = {"ours, bf16": Ours(data, args, bf16=True), "ours, tool_head=iql": Ours(data, args, tool_head="iql")}
     methods: dict[str, Callable[[], tuple[int, float, float, float]]] = {
         "ours": lambda: ours.block(args.steps, args.max_block_s),
         "ours, update only": lambda: timed_block(ours.step_update_only, args.steps, args.max_block_s, args.device),
     }
+    for name, v in variants.items():
+        methods[name] = lambda v=v: timed_block(v.step, args.steps, args.max_block_s, args.device)
     for _ in range(args.warmup):
         ours.step()
         ours.step_update_only()
+        for v in variants.values():
+            v.step()
     if not args.skip_d3rlpy:
         try:
             d3 = D3(data, args)
@@ -577,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     parts = {k: sum(ours.block_parts[i][k] for i in quiet) for k in ("critic", "tool_head", "steps")}
     if parts["steps"]:
         print(f"ours per step: critic (IQLLearner.update) {1000 * parts['critic'] / parts['steps']:.1f} ms + "
-              f"tool head (DiscreteLearner.update, critic + AWR actor) "
+              f"tool head (DiscreteLearner.update, awr: the actor) "
               f"{1000 * parts['tool_head'] / parts['steps']:.1f} ms")
     if ray_res:
         by = {r["method"]: r for r in rows}

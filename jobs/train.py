@@ -101,7 +101,8 @@ def load_arrays(batches, candidates: bool = True) -> dict[str, np.ndarray]:
 
 class _Learners:
     """The critic (IQL over candidate embeddings) and, when the data calls several tools, the
-    discrete tool head (Q over the tool vocabulary + AWR policy), stepped on the same batch."""
+    tool head (an AWR policy over the tool vocabulary, with or without a discrete Q of its own),
+    stepped on the same batch."""
 
     def __init__(self, config: dict[str, Any], world: int):
         from ray.train.torch import prepare_model
@@ -191,7 +192,8 @@ def _train_loop(config: dict[str, Any]) -> None:
             cand_f = t["cand_f"][idx][:, cols] if use_f else None
         metrics = learners.critic.update(s, t["action_emb"][idx], r, s2, done, f, cand, cand_mask, cand_f)
         if learners.tools:
-            metrics.update({f"tool_{k}": v for k, v in learners.tools.update(s, t["tool_id"][idx], r, s2, done).items()})
+            metrics.update({f"tool_{k}": v for k, v in learners.tools.update(
+                s, t["tool_id"][idx], r, s2, done, adv=learners.critic.advantage).items()})
         window.append(metrics)
         last = step == config["steps"]
         if step % config["log_every"] == 0 or last:
@@ -254,7 +256,7 @@ def _tool_head_config(cfg: TrainConfig, tools: np.ndarray, state_dim: int) -> tu
         return None, vocab
     head = DiscreteConfig(state_dim=state_dim, n_actions=len(vocab), hidden_dim=cfg.hidden_dim, gamma=cfg.gamma,
                           expectile=cfg.expectile, polyak=cfg.polyak, lr=cfg.lr, method=cfg.tool_head,
-                          awr_beta=cfg.awr_beta)
+                          awr_beta=cfg.awr_beta, bf16=cfg.precision == "bf16")
     return head.to_dict(), vocab
 
 
@@ -296,7 +298,7 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
     feature_dim = data["features"].shape[1] if cfg.features else 0
     iql = IQLConfig(state_dim=data["state_emb"].shape[1], action_dim=data["action_emb"].shape[1],
                     hidden_dim=cfg.hidden_dim, gamma=cfg.gamma, expectile=cfg.expectile, polyak=cfg.polyak,
-                    lr=cfg.lr, alpha=cfg.alpha, feature_dim=feature_dim)
+                    lr=cfg.lr, alpha=cfg.alpha, feature_dim=feature_dim, bf16=cfg.precision == "bf16")
     feature_stats = ([data["features"].mean(0).tolist(), data["features"].std(0).tolist()] if feature_dim
                      else None)
     tool_head, vocab = _tool_head_config(cfg, data["tool"], iql.state_dim)

@@ -321,3 +321,57 @@ def test_cql_awr_policy_picks_the_best_in_data_tool(cql_learner):
         assert p[s, best].item() > 0.9
     assert p[3, SEARCH].item() == 0.0
     assert p[:3, SPECIAL].max().item() < 0.02
+
+
+# ---- awr: the actor alone, weighted by the critic's advantage ---------------------------------
+def _tabular_advantage(data, tau=TAU):
+    """A(s, a) = Q_tau(s, a) - V_tau(s) of each logged row, from the exact IQL fixed point."""
+    q_tau, v_tau = iql_fixed_point(tau)
+    s, a = data[0].argmax(1).tolist(), data[1].tolist()
+    return T(*[q_tau[si, ai] - v_tau[si] for si, ai in zip(s, a)])
+
+
+def test_awr_head_fits_the_clipped_advantage_reweighting_of_the_data():
+    torch.manual_seed(0)
+    learner = DiscreteLearner(DiscreteConfig(state_dim=4, n_actions=4, hidden_dim=64, lr=3e-3, method="awr",
+                                             awr_beta=10.0))
+    data = dataset()
+    adv = _tabular_advantage(data)
+    for _ in range(300):
+        metrics = learner.update(*data, adv=adv)
+    assert set(metrics) == {"actor_loss", "policy_entropy", "adv_mean", "awr_weight_mean", "awr_clip_frac"}
+    assert learner.core.q is None and learner.core.v is None  # one MLP: the policy
+    p = learner.probabilities(STATES, AVAILABLE)
+    q_tau, v_tau = iql_fixed_point(TAU)
+    for s, counts in COUNTS.items():
+        w = {a: n * min(math.exp(10.0 * (q_tau[s, a] - v_tau[s])), 100.0) for a, n in counts.items()}
+        for a in range(4):
+            assert p[s, a].item() == pytest.approx(w.get(a, 0.0) / sum(w.values()), abs=0.02)
+        assert p[s, BEST[s]].item() > 0.9
+    with pytest.raises(ValueError, match="no Q over tools"):
+        learner.q_values(STATES)
+
+
+def test_awr_head_needs_the_critics_advantage():
+    learner = DiscreteLearner(DiscreteConfig(state_dim=4, n_actions=4, hidden_dim=8, method="awr"))
+    with pytest.raises(ValueError, match="advantage"):
+        learner.update(*dataset())
+
+
+def test_awr_head_stepped_beside_the_iql_critic_picks_the_best_in_data_tool():
+    """What training runs: the critic's update leaves its advantage for the actor on the same batch."""
+    from harnessrl.algorithms.iql import IQLConfig, IQLLearner
+
+    torch.manual_seed(0)
+    critic = IQLLearner(IQLConfig(state_dim=4, action_dim=4, hidden_dim=64, gamma=GAMMA, expectile=TAU,
+                                  polyak=0.05, lr=3e-3))
+    head = DiscreteLearner(DiscreteConfig(state_dim=4, n_actions=4, hidden_dim=64, lr=3e-3, method="awr",
+                                          awr_beta=10.0))
+    s, a, r, s2, done, mask, _ = dataset()
+    action_emb = torch.eye(4)[a]  # the action 'embedding' is the tool's one-hot
+    for _ in range(500):
+        critic.update(s, action_emb, r, s2, done)
+        head.update(s, a, r, s2, done, mask, adv=critic.advantage)
+    p = head.probabilities(STATES, AVAILABLE)
+    for s_idx, best in BEST.items():
+        assert p[s_idx, best].item() > 0.8, (s_idx, p[s_idx])

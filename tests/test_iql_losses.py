@@ -141,6 +141,25 @@ def test_target_q_follows_q_by_polyak_rate():
     assert gap_new < gap_old
 
 
+def test_bf16_autocast_tracks_float32_and_keeps_float32_weights():
+    """precision: bf16 is opt-in because it is less exact; it must still learn the same thing."""
+    batch = _batch()
+    runs = {}
+    for bf16 in (False, True):
+        torch.manual_seed(0)
+        learner = IQLLearner(IQLConfig(state_dim=6, action_dim=6, hidden_dim=32, lr=3e-3, polyak=0.05, bf16=bf16))
+        first = learner.update(*batch)
+        for _ in range(200):
+            last = learner.update(*batch)
+        runs[bf16] = (first, last, learner)
+    (f32_first, f32_last, _), (b_first, b_last, b_learner) = runs[False], runs[True]
+    assert b_first["loss_q"] != f32_first["loss_q"]  # autocast really ran in bfloat16
+    assert b_first["loss_q"] == pytest.approx(f32_first["loss_q"], rel=0.05)
+    assert b_last["loss_q"] < 0.25 * b_first["loss_q"]
+    assert all(p.dtype == torch.float32 for p in b_learner.core.parameters())
+    assert b_learner.advantage.dtype == torch.float32
+
+
 def test_one_step_bandit_recovers_rewards_and_expectile():
     torch.manual_seed(0)
     d, k = 8, 8

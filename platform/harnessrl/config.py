@@ -90,10 +90,13 @@ class TrainConfig(_Strict):
     alpha: float = Field(0.3, ge=0, description="candidate-set penalty weight (0: plain IQL)")
     candidates_per_step: int = Field(4, ge=1, description="untaken candidates per state in each penalty batch")
     features: bool = Field(True, description="history features (harnessrl.features) as inputs of Q")
-    tool_head: Literal["iql", "cql", "none"] = Field(
-        "iql", description="discrete tool-selection head (critic method); trained when the data calls >= 2 tools")
+    tool_head: Literal["awr", "iql", "cql", "none"] = Field(
+        "awr", description="tool-selection head, trained when the data calls >= 2 tools: awr (policy weighted by "
+                           "the critic's advantage), iql / cql (a discrete Q over tools of its own, then AWR)")
     max_tools: int = Field(64, ge=2, description="tool vocabulary cap; rarer tools share the last slot")
     awr_beta: float = Field(3.0, gt=0, description="AWR inverse temperature of the tool policy")
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32", description="bf16: forward passes under bfloat16 autocast (faster on GPUs and AVX512-BF16 CPUs)")
     num_workers: int = Field(2, ge=1)
     cpus_per_worker: float = Field(0.5, gt=0)
     gpus_per_worker: float = Field(0.0, ge=0)

@@ -12,10 +12,17 @@ forward pass gives Q of every tool at once, shape (B, n_actions). Two critics, p
        (the clipped-double-Q max over the tools available at s'), plus
        alpha * (logsumexp_a Q(s, a) - Q(s, a_taken)), which pushes down the tools the logs
        did not take. No V.
+  awr  no critic of its own: the actor alone, weighted by the advantage Q(s, a) - V(s) of the
+       taken action that the IQL critic (harnessrl.algorithms.iql) computed on the same batch.
+       This is IQL's own actor (Kostrikov et al. extract the policy exactly so); over the tool
+       vocabulary it fits pi(tool | s) proportional to the data's tool frequencies reweighted by
+       exp(beta * A). One value function serves `score` and `select_tool`, so they agree, and a
+       step costs one MLP instead of five.
 
 Actor: advantage-weighted regression over the vocabulary, log pi(a_taken | s) weighted by
 exp(beta * (Q(s, a_taken) - V(s))) clipped at `awr_max_weight`, weights detached; Q is the
 min of the target twins. For CQL, V(s) = sum_a pi(a | s) Q(s, a) (CRR's "mean" baseline).
+For `awr` the advantage comes from the caller.
 `probabilities` gives the select_tool distribution.
 
 Masks: an optional (B, n_actions) bool per state, True where a tool was available at that
@@ -34,9 +41,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harnessrl.algorithms.iql import asymmetric_l2, mlp, polyak_update, q_loss, q_target
+from harnessrl.algorithms.iql import asymmetric_l2, autocast, fp32, make_adam, mlp, polyak_update, q_loss, q_target
 
-METHODS = ("iql", "cql")
+METHODS = ("iql", "cql", "awr")
 
 
 @dataclass
@@ -48,10 +55,11 @@ class DiscreteConfig:
     expectile: float = 0.7  # IQL only
     polyak: float = 0.005
     lr: float = 3e-4  # one Adam over critic and actor (their losses touch disjoint parameters)
-    method: str = "iql"  # "iql" | "cql"
+    method: str = "iql"  # "iql" | "cql" | "awr"
     cql_alpha: float = 1.0  # CQL only: weight of the logsumexp penalty
     awr_beta: float = 3.0  # inverse temperature of the AWR weights
     awr_max_weight: float = 100.0  # AWR weights clipped here
+    bf16: bool = False  # forward passes under bfloat16 autocast (see IQLConfig.bf16)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -76,11 +84,12 @@ class TwinDiscreteQ(nn.Module):
 
 
 class DiscreteNetwork(nn.Module):
-    """Twin Q, V (IQL only) and policy logits in one module: one DDP wrapper, one backward pass."""
+    """Twin Q (not for awr), V (iql only) and policy logits in one module: one DDP wrapper, one
+    backward pass."""
 
     def __init__(self, cfg: DiscreteConfig):
         super().__init__()
-        self.q = TwinDiscreteQ(cfg)
+        self.q = TwinDiscreteQ(cfg) if cfg.method != "awr" else None
         self.v = mlp(cfg.state_dim, cfg.hidden_dim) if cfg.method == "iql" else None
         self.pi = mlp(cfg.state_dim, cfg.hidden_dim, cfg.n_actions)
 
@@ -88,9 +97,14 @@ class DiscreteNetwork(nn.Module):
         return self.v(s).squeeze(-1)
 
     def forward(self, s, s_next):
-        """Q1, Q2 of every tool (B, n_actions), V(s) and V(s') (None for CQL), policy logits."""
-        q1, q2 = self.q(s)
-        v, v_next = (self.value(s), self.value(s_next)) if self.v is not None else (None, None)
+        """Q1, Q2 of every tool (B, n_actions) (None for awr), V(s) and V(s') (None but for
+        iql), policy logits."""
+        q1, q2 = self.q(s) if self.q is not None else (None, None)
+        v = v_next = None
+        if self.v is not None:
+            v = self.value(s)
+            with torch.no_grad():  # V(s') only enters the TD target, which is held fixed
+                v_next = self.value(s_next)
         return q1, q2, v, v_next, self.pi(s)
 
 
@@ -144,30 +158,38 @@ class DiscreteLearner:
     def __init__(self, cfg: DiscreteConfig, net: nn.Module | None = None, device: str | torch.device = "cpu"):
         self.cfg = cfg
         self.net = net if net is not None else DiscreteNetwork(cfg).to(device)
-        self.target_q = copy.deepcopy(self.core.q).requires_grad_(False)
-        self.opt = torch.optim.Adam(self.net.parameters(), lr=cfg.lr)
+        # awr has no Q: an empty target keeps checkpoints uniform.
+        self.target_q = copy.deepcopy(self.core.q if self.core.q is not None else nn.Module()).requires_grad_(False)
+        self.opt = make_adam(self.net.parameters(), cfg.lr)
 
     @property
     def core(self) -> DiscreteNetwork:
         """The bare network (unwrapped from DDP)."""
         return getattr(self.net, "module", self.net)
 
-    def update(self, s, a_idx, r, s_next, done, mask=None, next_mask=None) -> dict[str, float]:
+    def update(self, s, a_idx, r, s_next, done, mask=None, next_mask=None, adv=None) -> dict[str, float]:
         """One gradient step on a batch: s, s_next (B, state_dim), a_idx (B,) tool indices, r and
-        done (B,) floats, mask / next_mask (B, n_actions) bool tools available at s / s'."""
+        done (B,) floats, mask / next_mask (B, n_actions) bool tools available at s / s'.
+        `adv` (B,), the critic's advantage of the taken action, is read by method awr alone."""
         cfg = self.cfg
         a_idx = a_idx.long()
         if mask is not None:
             mask = mask | F.one_hot(a_idx, cfg.n_actions).bool()
-        q1, q2, v, v_next, logits = self.net(s, s_next)
+        if cfg.method == "awr":
+            return self._update_actor(s, a_idx, adv, mask)
+        with autocast(cfg.bf16, s.device):
+            q1, q2, v, v_next, logits = self.net(s, s_next)
+            with torch.no_grad():
+                tq_all = self.target_q.min_q(s)
+                tq_next = self.target_q.min_q(s_next) if cfg.method == "cql" else None
+        q1, q2, v, v_next, logits, tq_all, tq_next = fp32(q1, q2, v, v_next, logits, tq_all, tq_next)
         with torch.no_grad():
-            tq_all = self.target_q.min_q(s)
             tq = taken(tq_all, a_idx)
             if cfg.method == "iql":
                 y = q_target(r, done, v_next.detach(), cfg.gamma)
                 baseline = v.detach()
             else:
-                y = cql_target(r, done, self.target_q.min_q(s_next), cfg.gamma, next_mask)
+                y = cql_target(r, done, tq_next, cfg.gamma, next_mask)
                 baseline = expected_q(tq_all, logits.detach(), mask)
             adv = tq - baseline
             w = awr_weights(adv, cfg.awr_beta, cfg.awr_max_weight)
@@ -183,25 +205,46 @@ class DiscreteLearner:
             penalty = cql_penalty(q1, a_idx, mask) + cql_penalty(q2, a_idx, mask)
             loss = loss_q + cfg.cql_alpha * penalty + loss_pi
             metrics.update(cql_penalty=penalty.item())
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        self.opt.step()
+        self._step(loss)
         polyak_update(self.target_q, self.core.q, cfg.polyak)
         return {
             "q_loss": loss_q.item(),
-            "actor_loss": loss_pi.item(),
-            "policy_entropy": policy_entropy(logits.detach(), mask).mean().item(),
             "td_error": (y - q1_a.detach()).abs().mean().item(),
             "q_mean": q1_a.mean().item(),
+            **self._actor_metrics(loss_pi, logits, mask, adv, w),
+            **metrics,
+        }
+
+    def _update_actor(self, s, a_idx, adv, mask) -> dict[str, float]:
+        if adv is None:
+            raise ValueError("method 'awr' needs the critic's advantage of the taken action (adv=)")
+        with autocast(self.cfg.bf16, s.device):
+            logits = self.net(s, s)[-1]  # through forward(), so a DDP wrapper syncs the gradients
+        logits, adv = logits.float(), adv.detach().float()
+        w = awr_weights(adv, self.cfg.awr_beta, self.cfg.awr_max_weight)
+        loss_pi = awr_loss(logits, a_idx, w, mask)
+        self._step(loss_pi)
+        return self._actor_metrics(loss_pi, logits, mask, adv, w)
+
+    def _step(self, loss: torch.Tensor) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+
+    def _actor_metrics(self, loss_pi, logits, mask, adv, w) -> dict[str, float]:
+        return {
+            "actor_loss": loss_pi.item(),
+            "policy_entropy": policy_entropy(logits.detach(), mask).mean().item(),
             "adv_mean": adv.mean().item(),
             "awr_weight_mean": w.mean().item(),
-            "awr_clip_frac": (w >= cfg.awr_max_weight).float().mean().item(),
-            **metrics,
+            "awr_clip_frac": (w >= self.cfg.awr_max_weight).float().mean().item(),
         }
 
     @torch.no_grad()
     def q_values(self, s: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """min(Q1, Q2)(s, .) of every tool, (B, n_actions); -inf where the mask says unavailable."""
+        if self.core.q is None:
+            raise ValueError("method 'awr' has no Q over tools; the critic's Q is over actions")
         return masked(self.core.q.min_q(s), mask)
 
     @torch.no_grad()

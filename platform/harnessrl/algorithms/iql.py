@@ -34,6 +34,7 @@ class IQLConfig:
     lr: float = 3e-4
     alpha: float = 0.0  # weight of the candidate-set penalty (0: plain IQL)
     feature_dim: int = 0  # history features per (state, action), see harnessrl.features
+    bf16: bool = False  # forward passes under bfloat16 autocast: faster on AVX512-BF16 CPUs and GPUs, less exact
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -106,7 +107,9 @@ class IQLNetwork(nn.Module):
         qc = None
         if cand is not None:
             qc = self.q(s.unsqueeze(1).expand(-1, cand.shape[1], -1), cand, cand_f)
-        return q1, q2, self.v(s), self.v(s_next), qc
+        with torch.no_grad():  # V(s') only enters the TD target, which is held fixed
+            v_next = self.v(s_next)
+        return q1, q2, self.v(s), v_next, qc
 
 
 # ---- losses -------------------------------------------------------------------------------
@@ -141,8 +144,27 @@ def candidate_penalty(q_cand: torch.Tensor, mask: torch.Tensor, q_taken: torch.T
 
 @torch.no_grad()
 def polyak_update(target: nn.Module, source: nn.Module, rate: float) -> None:
-    for t, s in zip(target.parameters(), source.parameters()):
-        t.mul_(1.0 - rate).add_(s, alpha=rate)
+    """target <- (1 - rate) * target + rate * source, all tensors in one foreach call."""
+    torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), rate)
+
+
+def make_adam(params, lr: float) -> torch.optim.Optimizer:
+    """Fused Adam where torch has it for these parameters: one kernel for all of them and no
+    per-tensor step counters read back to the host (20% of a CPU step went to Adam before)."""
+    params = list(params)
+    try:
+        return torch.optim.Adam(params, lr=lr, fused=True)
+    except (RuntimeError, TypeError):  # e.g. a device or dtype without a fused kernel
+        return torch.optim.Adam(params, lr=lr)
+
+
+def autocast(enabled: bool, device: torch.device):
+    """bfloat16 autocast for the forward passes when enabled (losses are taken in float32)."""
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=enabled)
+
+
+def fp32(*xs):
+    return tuple(None if x is None else x.float() for x in xs)
 
 
 class IQLLearner:
@@ -152,7 +174,8 @@ class IQLLearner:
         self.cfg = cfg
         self.net = net if net is not None else IQLNetwork(cfg).to(device)
         self.target_q = copy.deepcopy(self.core.q).requires_grad_(False)
-        self.opt = torch.optim.Adam(self.net.parameters(), lr=cfg.lr)
+        self.opt = make_adam(self.net.parameters(), cfg.lr)
+        self.advantage: torch.Tensor | None = None  # of the last batch, for an AWR actor stepped beside
 
     @property
     def core(self) -> IQLNetwork:
@@ -164,9 +187,13 @@ class IQLLearner:
         (B, K, d_a), `cand_f` (B, K, d_f) and `cand_mask` (B, K) the untaken candidates, if any."""
         cfg = self.cfg
         use_cand = cand is not None and cfg.alpha > 0
-        q1, q2, v, v_next, qc = self.net(s, a, s_next, f, cand if use_cand else None, cand_f if use_cand else None)
+        with autocast(cfg.bf16, s.device):
+            q1, q2, v, v_next, qc = self.net(s, a, s_next, f, cand if use_cand else None, cand_f if use_cand else None)
+            with torch.no_grad():
+                tq = self.target_q.min_q(s, a, f)
+        q1, q2, v, v_next, tq = fp32(q1, q2, v, v_next, tq)
+        qc = fp32(*qc) if qc is not None else None
         with torch.no_grad():
-            tq = self.target_q.min_q(s, a, f)
             y = q_target(r, done, v_next.detach(), cfg.gamma)
         loss_v = value_loss(tq, v, cfg.expectile)
         loss_q = q_loss(q1, q2, y)
@@ -182,7 +209,7 @@ class IQLLearner:
         loss.backward()
         self.opt.step()
         polyak_update(self.target_q, self.core.q, cfg.polyak)
-        adv = (tq - v).detach()
+        adv = self.advantage = (tq - v).detach()
         return {
             "loss_q": loss_q.item(),
             "loss_v": loss_v.item(),
