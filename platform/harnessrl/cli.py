@@ -236,9 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a local Ray)")
     ev.set_defaults(fn=cmd_evaluate)
 
-    from harnessrl import cli_rewards
+    from harnessrl import cli_jobs, cli_rewards
 
     cli_rewards.register(sub)
+    cli_jobs.register(sub)
 
     tr = sub.add_parser("train", help="train and register from a pipeline's encoded data (optionally resume a run)")
     tr.add_argument("pipeline")
