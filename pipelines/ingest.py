@@ -1,9 +1,10 @@
-"""Ingest stage: log files -> episodes, steps and quarantine tables (Parquet), on Ray Data.
+"""Ingest stage: log files -> episodes, steps, signals and quarantine tables (Parquet), on Ray Data.
 
 A record is one non-blank JSONL line, or a whole file holding one pretty-printed JSON
 document (ATIF trajectories are written that way). Every record ends up either in
 `episodes`/`steps` or in `quarantine` with a reason; `records_in == records_ok +
-records_quarantined` is checked before the stage returns. With `fmt="auto"` each file's format
+records_quarantined` is checked before the stage returns. Outcome and step signals are kept
+verbatim in `signals` (harnessrl.signals), one row each; their count is checked the same way. With `fmt="auto"` each file's format
 is detected from its first record and reported; a file no reader recognises is quarantined
 record by record (`unknown_format`), never silently skipped.
 """
@@ -18,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import pyarrow as pa
 
-from harnessrl import schemas, storage
+from harnessrl import schemas, signals, storage
 from harnessrl.errors import ConfigError, DataError
 from harnessrl.formats import decisions, native
 from harnessrl.formats.detect import FORMATS, PARSERS, UNKNOWN, detect_format
@@ -36,6 +37,8 @@ PARSED = pa.schema(
         ("episode_id", pa.string()),
         ("episode_json", pa.string()),
         ("steps_json", pa.string()),
+        ("signals_json", pa.string()),
+        ("n_signals", pa.int64()),
     ]
 )
 RAW_PREFIX_CHARS = 200
@@ -50,6 +53,7 @@ class IngestResult:
     records_quarantined: int
     episodes: int
     steps: int
+    signals: int = 0
     by_reason: dict[str, int] = field(default_factory=dict)
     raw_digest: str = ""
     sources: list[str] = field(default_factory=list)
@@ -106,13 +110,16 @@ def _parse_batch(batch: pa.Table, outcomes: dict | None = None) -> pa.Table:
         base = {"source_uri": uri, "source_line": no, "raw_prefix": line[:RAW_PREFIX_CHARS].decode("utf-8", "replace")}
         if isinstance(parsed, native.Quarantined):
             rows.append({**base, "ok": False, "reason": parsed.reason, "detail": parsed.detail, "episode_id": None,
-                         "episode_json": None, "steps_json": None})
+                         "episode_json": None, "steps_json": None, "signals_json": None, "n_signals": 0})
         else:
-            if outcomes:
+            found = outcomes.get(parsed.episode["native_id"]) if outcomes else None
+            sig = signals.episode_signals(parsed.episode, parsed.steps, parsed.outcome, found)
+            if found:
                 join_outcome(parsed.episode, outcomes)
             rows.append({**base, "ok": True, "reason": None, "detail": None,
                          "episode_id": parsed.episode["episode_id"], "episode_json": json.dumps(parsed.episode),
-                         "steps_json": json.dumps(parsed.steps)})
+                         "steps_json": json.dumps(parsed.steps), "signals_json": json.dumps(sig),
+                         "n_signals": len(sig)})
     return pa.Table.from_pylist(rows, schema=PARSED)
 
 
@@ -173,6 +180,16 @@ def _step_rows(batch: pa.Table, duplicates: frozenset) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=schemas.STEPS)
 
 
+def _signal_rows(batch: pa.Table, duplicates: frozenset) -> pa.Table:
+    rows = [
+        row
+        for uri, no, ok, s in zip(*(batch.column(c).to_pylist() for c in ("source_uri", "source_line", "ok", "signals_json")))
+        if _is_kept(uri, no, ok, duplicates)
+        for row in json.loads(s)
+    ]
+    return pa.Table.from_pylist(rows, schema=schemas.SIGNALS)
+
+
 def _quarantine_rows(batch: pa.Table, duplicates: frozenset) -> pa.Table:
     rows = []
     for r in batch.to_pylist():
@@ -203,7 +220,7 @@ def _find_duplicates(keys: pa.Table) -> frozenset:
 
 
 def ingest(sources: list[str], out_dir: str, fmt: str = "native", outcomes: str | None = None) -> IngestResult:
-    """Read `sources`, write `out_dir/{episodes,steps,quarantine}` as Parquet, return the counts.
+    """Read `sources`, write `out_dir/{episodes,steps,signals,quarantine}` as Parquet, return the counts.
 
     `fmt`: one of FORMATS or "auto" (per file). `outcomes`: a JSONL file of episode outcomes
     joined by native episode id."""
@@ -231,13 +248,14 @@ def ingest(sources: list[str], out_dir: str, fmt: str = "native", outcomes: str 
     parsed = lines.map_batches(_parse_batch, batch_format="pyarrow", batch_size=256,
                                fn_kwargs={"outcomes": joined}).materialize()
     keys = pa.concat_tables(
-        [ray.get(ref) for ref in parsed.select_columns(["source_uri", "source_line", "ok", "episode_id", "reason"]).to_arrow_refs()]
+        [ray.get(ref) for ref in parsed.select_columns(["source_uri", "source_line", "ok", "episode_id", "reason", "n_signals"]).to_arrow_refs()]
     ) if parsed.count() else PARSED.empty_table()
     duplicates = _find_duplicates(keys)
 
-    stage = {name: storage.join(out_dir, name) for name in ("episodes", "steps", "quarantine")}
+    stage = {name: storage.join(out_dir, name) for name in ("episodes", "steps", "signals", "quarantine")}
     kwargs = {"batch_format": "pyarrow", "fn_kwargs": {"duplicates": duplicates}}
-    for name, fn in (("episodes", _episode_rows), ("steps", _step_rows), ("quarantine", _quarantine_rows)):
+    for name, fn in (("episodes", _episode_rows), ("steps", _step_rows), ("signals", _signal_rows),
+                     ("quarantine", _quarantine_rows)):
         storage.reset_dir(stage[name])
         parsed.map_batches(fn, **kwargs).write_parquet(stage[name], compression="zstd")
 
@@ -249,9 +267,11 @@ def ingest(sources: list[str], out_dir: str, fmt: str = "native", outcomes: str 
     records_ok = sum(oks) - len(duplicates)
     quarantined = sum(by_reason.values())
     steps = ray.data.read_parquet(stage["steps"]).count() if records_ok else 0
+    n_signals = _count_signals(keys, duplicates)
+    written = ray.data.read_parquet(stage["signals"]).count() if n_signals else 0
     result = IngestResult(
         out_dir=out_dir, files=len(files), records_in=records_in, records_ok=records_ok,
-        records_quarantined=quarantined, episodes=records_ok, steps=steps,
+        records_quarantined=quarantined, episodes=records_ok, steps=steps, signals=written,
         by_reason=dict(sorted(by_reason.items())), raw_digest=raw_digest, sources=files,
         formats=dict(sorted(Counter(per_file.values()).items())),
     )
@@ -259,9 +279,16 @@ def ingest(sources: list[str], out_dir: str, fmt: str = "native", outcomes: str 
         result.outcomes_joined = _count_joined(stage["episodes"])
     if records_in != records_ok + quarantined:  # an invariant, not a user error
         raise AssertionError(f"ingest lost records: {result.summary()}")
+    if written != n_signals:
+        raise AssertionError(f"ingest lost signals: {n_signals} read, {written} written")
     log.info("ingest: %d records -> %d episodes, %d steps, %d quarantined %s",
              records_in, records_ok, steps, quarantined, dict(by_reason) or "")
     return result
+
+
+def _count_signals(keys: pa.Table, duplicates: frozenset) -> int:
+    cols = (keys.column(c).to_pylist() for c in ("source_uri", "source_line", "ok", "n_signals"))
+    return sum(n for uri, no, ok, n in zip(*cols) if _is_kept(uri, no, ok, duplicates))
 
 
 def _count_joined(episodes_dir: str) -> int:

@@ -108,8 +108,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     init_ray(args.address)
     r = ingest(args.sources, args.out, args.format, args.outcomes)
     print(json.dumps({"records_in": r.records_in, "records_ok": r.records_ok, "episodes": r.episodes,
-                      "steps": r.steps, "quarantined": r.records_quarantined, "by_reason": r.by_reason,
-                      "formats": r.formats, "outcomes_joined": r.outcomes_joined, "files": r.files,
+                      "steps": r.steps, "signals": r.signals, "quarantined": r.records_quarantined,
+                      "by_reason": r.by_reason, "formats": r.formats, "outcomes_joined": r.outcomes_joined, "files": r.files,
                       "raw_digest": r.raw_digest, "out": r.out_dir}, indent=2))
     if args.fail_on_quarantine and r.records_quarantined:
         print(f"harnessrl: {r.records_quarantined} record(s) quarantined (--fail-on-quarantine); "
@@ -210,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
     run.set_defaults(fn=cmd_run)
 
-    ing = sub.add_parser("ingest", help="agent logs -> episodes, steps and quarantine tables (Parquet); "
+    ing = sub.add_parser("ingest", help="agent logs -> episodes, steps, signals and quarantine tables (Parquet); "
                                         "prints a JSON summary")
     ing.add_argument("sources", nargs="+", help="files, directories, globs, s3:// prefixes, builtin:twx-train")
     ing.add_argument("--format", default="auto",

@@ -60,6 +60,18 @@ STEPS = pa.schema(
     ]
 )
 
+SIGNALS = pa.schema(
+    [
+        ("episode_id", pa.string()),
+        ("target", pa.string()),  # episode | step
+        ("step_idx", pa.int32()),  # null for episode-level signals
+        ("name", pa.string()),
+        ("value_json", pa.string()),  # the value as the source gave it, as JSON text
+        ("value_truncated", pa.bool_()),
+        ("source", pa.string()),  # the log's format, or outcomes_file
+    ]
+)
+
 QUARANTINE = pa.schema(
     [
         ("source_uri", pa.string()),

@@ -208,6 +208,7 @@ class Header:
     agent_name: str = ""
     model: str = ""
     tools: Any = None
+    outcome: Any = None  # the outcome object as read (-> signals table, verbatim)
 
 
 def native_id_of(record: dict[str, Any], keys: Iterable[str]) -> str:
@@ -268,6 +269,7 @@ def read_header(record: dict[str, Any], ctx: Ctx, id_keys: Iterable[str], meta_k
         score=score,
         end_reason=ctx.text(get("end_reason"), "end_reason"),
         metadata=metadata,
+        outcome=get("outcome"),
     )
 
 
@@ -440,7 +442,7 @@ def build_episode(fmt: str, header: Header, conv: Conversation, ctx: Ctx, source
         "metadata": json.dumps(metadata, sort_keys=True),
         "lost_fields": ctx.lost,
     }
-    return ParsedEpisode(episode, steps)
+    return ParsedEpisode(episode, steps, header.outcome)
 
 
 def load_record(line: bytes) -> dict[str, Any] | Quarantined:

@@ -38,6 +38,7 @@ class Reason:
 class ParsedEpisode:
     episode: dict[str, Any]
     steps: list[dict[str, Any]]
+    outcome: Any = None  # the record's outcome object as read: kept verbatim in the signals table
 
 
 @dataclass
@@ -219,7 +220,7 @@ def _episode(record: dict[str, Any], source_uri: str, line_no: int) -> ParsedEpi
         "metadata": json.dumps(metadata, sort_keys=True),
         "lost_fields": lost,
     }
-    return ParsedEpisode(episode, steps)
+    return ParsedEpisode(episode, steps, record.get("outcome"))
 
 
 def parse_line(line: bytes, source_uri: str, line_no: int) -> ParsedEpisode | Quarantined:
