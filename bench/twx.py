@@ -274,7 +274,8 @@ def build_bc(names: list[str], encoded_dir: str, episodes: dict[str, dict], step
         return model.encode(list(texts), convert_to_numpy=True, show_progress_bar=False, batch_size=64)
 
     def render(state):
-        return parse_request_state(state, render_cfg["window"], render_cfg["max_chars"]).text
+        return parse_request_state(state, render_cfg["window"], render_cfg["max_chars"], render_cfg.get("max_tokens"),
+                                   render_cfg.get("tokenizer")).text
 
     # The pipeline's ingest table (beside `encoded/`) maps its episode ids to the logs' records.
     import pyarrow.dataset as pads

@@ -42,7 +42,7 @@ class TransitionsResult:
 def _build(group: pa.Table, episodes: dict, recipe: RewardRecipe, render: RenderConfig) -> pa.Table:
     steps = group.to_pylist()
     rows = episode_transitions(episodes[steps[0]["episode_id"]], steps, recipe, render.window, render.max_chars,
-                               render.tool_from)
+                               render.tool_from, render.max_tokens, render.tokenizer)
     for r in rows:
         r["reward_components"] = list(r["reward_components"].items())
     return pa.Table.from_pylist(rows, schema=schemas.TRANSITIONS)

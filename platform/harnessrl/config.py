@@ -35,6 +35,11 @@ class RenderConfig(_Strict):
     max_chars: int = Field(2000, ge=200)
     tool_from: Literal["calls", "first_word"] = Field(
         "calls", description="an action's tool: `name(...)` tool calls, or the first word (text games)")
+    max_tokens: int | None = Field(
+        None, ge=16, description="token budget of a state, counted with the encoder's tokenizer: the oldest "
+                                 "history is dropped first, the task and observation always kept (None: no budget)")
+    tokenizer: str | None = Field(
+        None, description="encoder whose tokenizer counts max_tokens; a pipeline sets it to encoder.model")
 
 
 class EncoderConfig(_Strict):
@@ -144,6 +149,18 @@ class PipelineConfig(_Strict):
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
+
+    @model_validator(mode="after")
+    def _render_budget(self) -> "PipelineConfig":
+        """The token budget is counted with the encoder's tokenizer, and must fit what the encoder keeps."""
+        if self.render.max_tokens is not None:
+            if self.render.tokenizer is None:
+                self.render = self.render.model_copy(update={"tokenizer": self.encoder.model})
+            cap = self.encoder.max_seq_length
+            if cap is not None and self.render.max_tokens > cap:
+                raise ValueError(f"render.max_tokens ({self.render.max_tokens}) is larger than encoder.max_seq_length "
+                                 f"({cap}): the encoder would cut the state anyway")
+        return self
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

@@ -107,7 +107,8 @@ class Critic:
         return {"hits": self.cache_hits, "misses": self.cache_misses, "size": len(self._cache)}
 
     def parse_state(self, state: State) -> RequestState:
-        return parse_request_state(state, self.render["window"], self.render["max_chars"])
+        return parse_request_state(state, self.render["window"], self.render["max_chars"],
+                                   self.render.get("max_tokens"), self.render.get("tokenizer"))
 
     def render_state(self, state: State) -> str:
         return self.parse_state(state).text

@@ -1,7 +1,8 @@
 """State rendering: one function, used by the transitions stage and by serving alike.
 
 A state is what the agent knew when it decided: the task, the last few (action, result)
-pairs, and the current observation, written as text within a character budget.
+pairs, and the current observation, written as text within a character budget and, optionally,
+a token budget measured with the encoder's tokenizer (harnessrl.tokens).
 """
 
 from __future__ import annotations
@@ -18,25 +19,61 @@ class Turn:
     result: str
 
 
-def render_state(task: str, history: Sequence[Turn], observation: str, window: int = 4, max_chars: int = 2000) -> str:
+def render_state(task: str, history: Sequence[Turn], observation: str, window: int = 4, max_chars: int = 2000,
+                 max_tokens: int | None = None, tokenizer: str | None = None) -> str:
     """Render the decision context, most important first: task, current observation, then the
     recent (action, result) pairs newest first. Encoders cut texts at a token limit, so what is
     lost is the oldest history. The newest result is not repeated when it is the observation.
+
+    `max_tokens` (with `tokenizer`, the encoder's): keep only as many of the recent pairs as fit
+    in that many tokens of the encoder, special tokens included, so that the encoder cuts
+    nothing; the task and the observation are always kept. Then `max_chars` applies as before.
     """
     recent = list(history)[-window:] if window else []
-    lines = [f"Task: {task.strip()}"] if task.strip() else []
+    head = [f"Task: {task.strip()}"] if task.strip() else []
     if observation.strip():
-        lines.append(f"Now: {observation.strip()}")
+        head.append(f"Now: {observation.strip()}")
+    turns = []
     for i in range(len(recent) - 1, -1, -1):
         turn = recent[i]
         result = turn.result.strip()
         if i == len(recent) - 1 and result == observation.strip():
             result = ""
-        lines.append(f"> {turn.action.strip()}" + (f" -> {result}" if result else ""))
-    if len(history) > len(recent):
-        lines.append(f"({len(history) - len(recent)} earlier steps)")
-    text = "\n".join(lines)
+        turns.append(f"> {turn.action.strip()}" + (f" -> {result}" if result else ""))
+    keep = len(turns) if max_tokens is None else _turns_that_fit(head, turns, len(history), max_tokens, tokenizer)
+    text = _join(head, turns[:keep], len(history))
     return text if len(text) <= max_chars else text[: max_chars - 3] + "..."
+
+
+def _join(head: list[str], turns: list[str], n_history: int) -> str:
+    marker = [f"({n_history - len(turns)} earlier steps)"] if n_history > len(turns) else []
+    return "\n".join(head + turns + marker)
+
+
+def _turns_that_fit(head: list[str], turns: list[str], n_history: int, max_tokens: int, tokenizer: str | None) -> int:
+    """The most newest-first turns whose rendering fits in `max_tokens`: from cached per-line
+    counts, checked on the whole text unless the tokenizer splits at whitespace (then exact)."""
+    from harnessrl import tokens
+
+    if not tokenizer:
+        raise ConfigError("render.max_tokens needs render.tokenizer (the encoder whose tokenizer counts)")
+
+    def lines(ls: list[str]) -> int:
+        return sum(tokens.count_pieces(tokenizer, line) for line in ls)
+
+    budget = max_tokens - tokens.special_tokens(tokenizer) - lines(head)
+    keep, used = 0, 0
+    for k, line in enumerate(turns, start=1):
+        used += tokens.count_pieces(tokenizer, line)
+        marker = [f"({n_history - k} earlier steps)"] if n_history > k else []
+        if used + lines(marker) > budget:
+            break
+        keep = k
+    if tokens.splits_on_whitespace(tokenizer):  # the estimate is exact
+        return keep
+    while keep > 0 and tokens.count_text(tokenizer, _join(head, turns[:keep], n_history)) > max_tokens:
+        keep -= 1
+    return keep
 
 
 @dataclass(frozen=True)
@@ -49,7 +86,8 @@ class RequestState:
     observation: str = ""
 
 
-def parse_request_state(state: str | dict[str, Any], window: int, max_chars: int) -> RequestState:
+def parse_request_state(state: str | dict[str, Any], window: int, max_chars: int, max_tokens: int | None = None,
+                        tokenizer: str | None = None) -> RequestState:
     """Already rendered text, or `{task, history[{action, observation}], observation}` rendered
     exactly as the transitions stage renders a logged step (the observation of a history item
     is the result of its action)."""
@@ -62,9 +100,10 @@ def parse_request_state(state: str | dict[str, Any], window: int, max_chars: int
         for h in state.get("history") or []
     )
     observation = str(state.get("observation", ""))
-    return RequestState(render_state(str(state.get("task", "")), history, observation, window, max_chars),
-                        history, observation)
+    text = render_state(str(state.get("task", "")), history, observation, window, max_chars, max_tokens, tokenizer)
+    return RequestState(text, history, observation)
 
 
-def state_from_request(state: str | dict[str, Any], window: int, max_chars: int) -> str:
-    return parse_request_state(state, window, max_chars).text
+def state_from_request(state: str | dict[str, Any], window: int, max_chars: int, max_tokens: int | None = None,
+                       tokenizer: str | None = None) -> str:
+    return parse_request_state(state, window, max_chars, max_tokens, tokenizer).text

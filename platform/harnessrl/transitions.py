@@ -27,8 +27,10 @@ def episode_transitions(
     window: int = 4,
     max_chars: int = 2000,
     tool_from: str = "calls",
+    max_tokens: int | None = None,
+    tokenizer: str | None = None,
 ) -> list[dict[str, Any]]:
-    """`features` are the taken action's history features, `candidate_features` those of each
+    """States are rendered by `render_state` (budgets as there). `features` are the taken action's history features, `candidate_features` those of each
     untaken candidate in `untaken_candidates` order (the encode stage keeps a prefix of it)."""
     steps = sorted(steps, key=lambda s: s["step_idx"])
     n = len(steps)
@@ -51,13 +53,14 @@ def episode_transitions(
                 "step_idx": int(s["step_idx"]),
                 "task_id": episode.get("task_id"),
                 "group_id": episode.get("group_id"),
-                "state_text": render_state(task, turns[:t], obs, window, max_chars),
+                "state_text": render_state(task, turns[:t], obs, window, max_chars, max_tokens, tokenizer),
                 "action_text": s["action_text"],
                 "tool": tool_name(s["action_text"], tool_from),
                 "features": action_features(turns[:t], obs, s["action_text"], tool_from),
                 "reward": rewards[t],
                 "reward_components": components[t],
-                "next_state_text": render_state(task, turns[: t + 1], next_obs, window, max_chars),
+                "next_state_text": render_state(task, turns[: t + 1], next_obs, window, max_chars, max_tokens,
+                                                tokenizer),
                 "done": bool(s.get("terminated")) or t == stop,
                 "truncated": bool(s.get("truncated")) and t != stop,
                 "return_to_go": rtg[t],
