@@ -243,15 +243,29 @@ def _fallback_threshold(net, data: dict[str, np.ndarray], reward_scale: float, q
     return float(np.quantile(q.numpy() / reward_scale, quantile))
 
 
-def _tool_head_config(cfg: TrainConfig, tools: np.ndarray, state_dim: int) -> tuple[dict | None, list[str]]:
-    """The discrete head's config and vocabulary, or (None, vocab) when there is nothing to choose
-    between (the data calls fewer than two tools) or it is switched off."""
+def defined_tools_of(ds) -> list[str]:
+    """Every tool the episodes define (the `defined_tools` column; absent in older data: none)."""
+    import pyarrow.compute as pc
+
+    if "defined_tools" not in ds.schema().names:
+        return []
+    found: set[str] = set()
+    for b in ds.select_columns(["defined_tools"]).iter_batches(batch_size=65536, batch_format="pyarrow"):
+        found.update(pc.unique(pc.list_flatten(b.column("defined_tools"))).to_pylist())
+    return sorted(t for t in found if t)
+
+
+def _tool_head_config(cfg: TrainConfig, tools: np.ndarray, state_dim: int,
+                      defined: list[str] | tuple = ()) -> tuple[dict | None, list[str]]:
+    """The discrete head's config and vocabulary (tools called, then tools defined but never
+    called, capped at `max_tools`), or (None, vocab) when there is nothing to choose between
+    (fewer than two tools) or it is switched off."""
     from collections import Counter
 
     from harnessrl.algorithms.discrete import DiscreteConfig
     from harnessrl.features import tool_vocabulary
 
-    vocab = tool_vocabulary(Counter(tools.tolist()), cfg.max_tools)
+    vocab = tool_vocabulary(Counter(tools.tolist()), cfg.max_tools, defined)
     if cfg.tool_head == "none" or len(vocab) < 2:
         return None, vocab
     head = DiscreteConfig(state_dim=state_dim, n_actions=len(vocab), hidden_dim=cfg.hidden_dim, gamma=cfg.gamma,
@@ -301,7 +315,7 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
                     lr=cfg.lr, alpha=cfg.alpha, feature_dim=feature_dim, bf16=cfg.precision == "bf16")
     feature_stats = ([data["features"].mean(0).tolist(), data["features"].std(0).tolist()] if feature_dim
                      else None)
-    tool_head, vocab = _tool_head_config(cfg, data["tool"], iql.state_dim)
+    tool_head, vocab = _tool_head_config(cfg, data["tool"], iql.state_dim, defined_tools_of(ds))
     use_gpu = cfg.gpus_per_worker > 0
     resources = {"CPU": cfg.cpus_per_worker, **({"GPU": cfg.gpus_per_worker} if use_gpu else {})}
     loop_config = {

@@ -67,6 +67,7 @@ def test_encode_once_per_distinct_text(encoded, work):
     assert encoded.texts_distinct == len(distinct) == texts.num_rows
     assert len(set(texts.column("text_hash").to_pylist())) == texts.num_rows  # each encoded exactly once
     assert str(rows.schema.field("state_emb").type) == "fixed_size_list<element: float>[384]"
+    assert "defined_tools" in rows.column_names  # carried through for the tool vocabulary
 
     model, identity = load_encoder(max_seq_length=128)
     assert read_identity(str(work["dir"] / "encoded")) == identity

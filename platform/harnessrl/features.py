@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Sequence
+from typing import Any, Sequence
 
 from harnessrl.render import Turn
+from harnessrl.rewards import tool_names
 
 FEATURE_NAMES = ("times_taken", "times_taken_here", "steps_since_new_result", "step_idx", "tool_uses")
 ANSWER = "answer"  # the tool of an action that calls none: a reply, a final answer, a game command
@@ -60,8 +61,16 @@ def features_for(history: Sequence[Turn], observation: str, candidates: Sequence
 OTHER_TOOL = "<other>"
 
 
-def tool_vocabulary(counts: dict[str, int], max_tools: int) -> list[str]:
-    """Tools by frequency (ties by name); past `max_tools` the rarest share one `<other>` slot."""
+def defined_tools(tool_definitions: Any) -> list[str]:
+    """The tools an episode's `tool_definitions` define, named as `tool_name` names a call
+    (lower case), sorted: a tool the agent could call is a choice even if the logs never call it."""
+    return sorted({name.lower() for name in tool_names(tool_definitions)})
+
+
+def tool_vocabulary(counts: dict[str, int], max_tools: int, defined: Sequence[str] = ()) -> list[str]:
+    """Tools by frequency (ties by name), then the `defined` tools never called (ties by name);
+    past `max_tools` the rarest share one `<other>` slot, so defined-only tools go there first."""
+    counts = {**{t: 0 for t in defined}, **counts}
     ranked = sorted(counts, key=lambda k: (-counts[k], k))
     return ranked if len(ranked) <= max_tools else ranked[: max_tools - 1] + [OTHER_TOOL]
 

@@ -91,6 +91,7 @@ TRANSITIONS = pa.schema(
         ("state_text", pa.string()),
         ("action_text", pa.string()),
         ("tool", pa.string()),
+        ("defined_tools", pa.list_(pa.string())),  # the episode's tool_definitions (features.defined_tools)
         ("features", pa.list_(pa.float32())),
         ("reward", pa.float64()),
         ("reward_components", pa.map_(pa.string(), pa.float64())),

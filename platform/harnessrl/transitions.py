@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from harnessrl.encoders import text_hash
-from harnessrl.features import action_features, features_for, tool_name
+from harnessrl.features import action_features, defined_tools, features_for, tool_name
 from harnessrl.render import Turn, render_state
 from harnessrl.rewards import RewardRecipe
 
@@ -41,6 +41,7 @@ def episode_transitions(
     ]
     turns = [Turn(s["action_text"], results[t]) for t, s in enumerate(steps)]
     # Rewards per kept step: a safety stop ends the episode at its step (done), later steps are dropped.
+    defined = defined_tools(episode.get("tool_definitions"))
     scored = recipe.evaluate(episode, steps)
     components, rewards, rtg, stop = scored.components, scored.rewards, scored.return_to_go, scored.terminate_at
     out = []
@@ -56,6 +57,7 @@ def episode_transitions(
                 "state_text": render_state(task, turns[:t], obs, window, max_chars, max_tokens, tokenizer),
                 "action_text": s["action_text"],
                 "tool": tool_name(s["action_text"], tool_from),
+                "defined_tools": defined,
                 "features": action_features(turns[:t], obs, s["action_text"], tool_from),
                 "reward": rewards[t],
                 "reward_components": components[t],
