@@ -49,9 +49,7 @@ def _serve_check(cfg: PipelineConfig, model_uri: str, rows: list[dict[str, Any]]
 
     from harnessrl.serving import app as serving
 
-    url = serving.start(model_uri, cfg.serve.host, cfg.serve.port, cfg.serve.max_batch_size,
-                        cfg.serve.batch_wait_timeout_s, cfg.serve.decision_log, cfg.serve.max_queued_requests,
-                        cfg.serve.max_ongoing_requests)
+    url = serving.start(model_uri, config=cfg.serve)
     answers = []
     try:
         with httpx.Client(base_url=url, timeout=60) as http:

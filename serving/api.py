@@ -4,32 +4,68 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-MAX_CANDIDATES = 256
-MAX_TEXT_CHARS = 20_000
+# Hard ceilings of the schema. The limits a service enforces are smaller and configurable
+# (ServeConfig.max_candidates, max_text_chars), checked by the service so that the client gets
+# a 422 / 413 naming the setting rather than a generic validation error.
+HARD_MAX_CANDIDATES = 4096
+MAX_TEXT_CHARS = 20_000  # feedback `detail` only
 
 
 class HistoryItem(BaseModel):
-    action: str = Field(max_length=MAX_TEXT_CHARS)
-    observation: str = Field("", max_length=MAX_TEXT_CHARS, description="what the action returned")
+    action: str
+    observation: str = Field("", description="what the action returned")
 
 
 class StructuredState(BaseModel):
     """A state the service renders with the same code as training."""
 
     model_config = ConfigDict(extra="forbid")
-    task: str = Field("", max_length=MAX_TEXT_CHARS)
+    task: str = ""
     history: list[HistoryItem] = Field(default_factory=list, max_length=1000)
-    observation: str = Field("", max_length=MAX_TEXT_CHARS)
+    observation: str = ""
+
+    def texts(self) -> list[tuple[str, str]]:
+        """(where, text) of every text field, for the service's length limit."""
+        out = [("state.task", self.task), ("state.observation", self.observation)]
+        for i, h in enumerate(self.history):
+            out += [(f"state.history[{i}].action", h.action), (f"state.history[{i}].observation", h.observation)]
+        return out
+
+
+class Candidate(BaseModel):
+    """A candidate with the agent's own log-probability of it, for optional prior blending."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: str
+    logprob: float | None = Field(None, le=0, allow_inf_nan=False,
+                                  description="the agent's log-probability of this action (<= 0)")
+
+
+def _state_texts(state: "str | StructuredState") -> list[tuple[str, str]]:
+    return [("state", state)] if isinstance(state, str) else state.texts()
 
 
 class ScoreRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     agent_id: str | None = Field(None, max_length=200)
     state: str | StructuredState = Field(description="rendered state text, or {task, history, observation}")
-    candidates: list[str] = Field(min_length=1, max_length=MAX_CANDIDATES)
+    candidates: list[str | Candidate] = Field(
+        min_length=1, max_length=HARD_MAX_CANDIDATES,
+        description="action texts, or {text, logprob} objects carrying the agent's own log-probability")
 
     def state_value(self) -> str | dict:
         return self.state if isinstance(self.state, str) else self.state.model_dump()
+
+    def candidate_texts(self) -> list[str]:
+        return [c if isinstance(c, str) else c.text for c in self.candidates]
+
+    def logprobs(self) -> list[float] | None:
+        """The agent's log-probabilities when every candidate carries one, else None."""
+        lps = [None if isinstance(c, str) else c.logprob for c in self.candidates]
+        return None if any(lp is None for lp in lps) else lps
+
+    def texts(self) -> list[tuple[str, str]]:
+        return _state_texts(self.state) + [(f"candidates[{i}]", t) for i, t in enumerate(self.candidate_texts())]
 
 
 class SelectToolRequest(BaseModel):
@@ -40,6 +76,9 @@ class SelectToolRequest(BaseModel):
     def state_value(self) -> str | dict:
         return self.state if isinstance(self.state, str) else self.state.model_dump()
 
+    def texts(self) -> list[tuple[str, str]]:
+        return _state_texts(self.state)
+
 
 class ModelRef(BaseModel):
     name: str
@@ -47,9 +86,13 @@ class ModelRef(BaseModel):
 
 
 class ScoreResponse(BaseModel):
-    scores: list[float] = Field(description="Q(s, a) per candidate, in reward units; higher is better")
-    best_index: int
-    fallback: bool = Field(description="true when the best score is below the model's threshold")
+    scores: list[float] = Field(description="the critic's Q(s, a) per candidate, in reward units; higher is better")
+    blended_scores: list[float] | None = Field(
+        None, description="scores + prior_weight * logprob, when the service blends and every candidate has a logprob")
+    prior_weight: float = Field(0.0, description="weight of the agent's logprob in the ranking (0: critic only)")
+    best_index: int = Field(description="argmax of blended_scores when present, else of scores")
+    fallback: bool = Field(description="true when the critic's score of the chosen candidate is below the model's "
+                                       "threshold")
     reason: str | None = None
     ood: bool | None = Field(None, description="state farther from every training state the model keeps than its "
                                                 "threshold (null: the model keeps no reference)")

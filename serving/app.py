@@ -4,21 +4,28 @@ Concurrent requests from many agents are gathered into one batch: every distinct
 batch is encoded once and all candidates are scored in one forward pass. Every decision and
 every feedback goes to the decision log off the request path. With `HARNESSRL_API_TOKEN` (or
 `HARNESSRL_API_TOKEN_FILE`) set where the service starts, `/v1/*` needs `Authorization:
-Bearer <token>`. A full queue answers 429 with Retry-After instead of growing latency.
+Bearer <token>`. A full queue answers 429 with Retry-After instead of growing latency; too many
+candidates answer 422 and too long a text 413, both naming the setting. Every setting comes from
+one `ServeConfig` (harnessrl.config), e.g. serving/serve.yaml. `GET /metrics` is Prometheus text.
 """
 
 # No `from __future__ import annotations` here: FastAPI reads the request model from the
 # signature of the Serve ingress methods at class creation.
 import asyncio
+import dataclasses
 import hmac
 import logging
 import os
+import time
 import uuid
 from pathlib import Path
+from typing import Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException
+import numpy as np
+from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
 from ray import serve
 
+from harnessrl.config import ServeConfig
 from harnessrl.serving.api import (FeedbackRequest, FeedbackResponse, ModelInfo, ModelRef, ScoreRequest,
                                    ScoreResponse, SelectToolRequest, SelectToolResponse)
 
@@ -48,30 +55,68 @@ def require_token(authorization: str | None = Header(None)) -> None:
 AUTH = [Depends(require_token)]
 
 
+@api.middleware("http")
+async def count_requests(request: Request, call_next):
+    """Every answer the replica gives (401s and 422s included) is counted, with its latency."""
+    from harnessrl.serving import metrics
+
+    start = time.perf_counter()
+    response = await call_next(request)
+    current = metrics.current()
+    if current is not None:
+        current.request(request.url.path, response.status_code, time.perf_counter() - start)
+    return response
+
+
+def check_limits(texts: list[tuple[str, str]], n_candidates: int, cfg: ServeConfig) -> None:
+    """The configured limits, as 4xx answers that name the setting to change."""
+    if n_candidates > cfg.max_candidates:
+        raise HTTPException(status_code=422, detail=f"{n_candidates} candidates; this service scores at most "
+                            f"{cfg.max_candidates} per request (serve.max_candidates)")
+    for where, text in texts:
+        if len(text) > cfg.max_text_chars:
+            raise HTTPException(status_code=413, detail=f"{where} is {len(text)} characters; this service accepts "
+                                f"at most {cfg.max_text_chars} per text (serve.max_text_chars)")
+
+
+def blend(scores: list[float], logprobs: list[float] | None, weight: float) -> list[float] | None:
+    """score + weight * logprob per candidate; None when off (weight 0) or the request has no logprobs."""
+    if weight <= 0 or logprobs is None:
+        return None
+    return [s + weight * lp for s, lp in zip(scores, logprobs)]
+
+
 @serve.deployment(ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=64)
 @serve.ingress(api)
 class CriticService:
-    def __init__(self, model_uri: str, max_batch_size: int = 32, batch_wait_timeout_s: float = 0.01,
-                 env: dict[str, str] | None = None, decision_log: str | None = None,
-                 challenger_uri: str | None = None, challenger_share: float = 0.0, reload_every_s: float = 30.0):
+    def __init__(self, model_uri: str, config: dict[str, Any], env: dict[str, str] | None = None):
         os.environ.update(env or {})
         import torch
 
         from harnessrl.serving.decision_log import DecisionLog
+        from harnessrl.serving import metrics
         from harnessrl.serving.models import ModelSlot
 
         torch.set_num_threads(1)
+        self.cfg = cfg = ServeConfig.model_validate(config)
         self.champion = ModelSlot(model_uri)
-        self.challenger = ModelSlot(challenger_uri) if challenger_uri else None
-        self.challenger_share = challenger_share if challenger_uri else 0.0
-        self.reload_every_s = reload_every_s
+        self.challenger = ModelSlot(cfg.challenger) if cfg.challenger else None
+        self.challenger_share = cfg.challenger_share if cfg.challenger else 0.0
+        self.reload_every_s = cfg.reload_every_s
         self._reloader: asyncio.Task | None = None
         replica = serve.get_replica_context().replica_id.unique_id
-        self.log = DecisionLog(decision_log, replica) if decision_log else None
-        self._score.set_max_batch_size(max_batch_size)
-        self._score.set_batch_wait_timeout_s(batch_wait_timeout_s)
-        self._select_tool.set_max_batch_size(max_batch_size)
-        self._select_tool.set_batch_wait_timeout_s(batch_wait_timeout_s)
+        self.log = DecisionLog(cfg.decision_log, replica) if cfg.decision_log else None
+        # One replica per process; the middleware finds it through the module (Serve pickles this
+        # class by value, so a global assigned here would not be the module's).
+        self.metrics = metrics.install(metrics.ServiceMetrics(
+            replica, self._caches, ["champion", "challenger"] if self.challenger else ["champion"]))
+        for batched in (self._score, self._select_tool):
+            batched.set_max_batch_size(cfg.max_batch_size)
+            batched.set_batch_wait_timeout_s(cfg.batch_wait_timeout_s)
+
+    def _caches(self):
+        slots = [("champion", self.champion)] + ([("challenger", self.challenger)] if self.challenger else [])
+        return [(role, slot.critic.cache_stats()) for role, slot in slots]
 
     @property
     def critic(self):
@@ -82,33 +127,56 @@ class CriticService:
 
         return self.challenger if routes_to_challenger(agent_id, self.challenger_share) else self.champion
 
-    async def _score_with(self, critic, requests: list[ScoreRequest]) -> list[ScoreResponse]:
-        batch = [(r.state_value(), r.candidates) for r in requests]
+    def _decide(self, critic, scores: list[float], far: bool | None, blended: list[float] | None):
+        """The critic's decision; with a blend, the chosen candidate is the blend's argmax and the
+        fallback threshold (in the critic's reward units) is checked against its critic score."""
+        d = critic.decide_scores(scores, far)
+        if blended is None:
+            return d
+        best = int(np.argmax(blended))
+        low = critic.threshold is not None and scores[best] < critic.threshold
+        reason = f"critic score {scores[best]:.3f} of the chosen candidate below threshold {critic.threshold:.3f}" \
+            if low else None
+        return dataclasses.replace(d, best_index=best, fallback=low, reason=reason)
+
+    async def _score_with(self, role: str, critic, requests: list[ScoreRequest]) -> list[ScoreResponse]:
+        batch = [(r.state_value(), r.candidate_texts()) for r in requests]
         # Off the event loop: encoding and the forward pass are CPU-bound.
         all_scores = await asyncio.to_thread(critic.score_batch, batch)
         # the states' embeddings are in the LRU now: the OOD check costs one small matrix product
         ood = await asyncio.to_thread(critic.out_of_distribution, [s for s, _ in batch])
         ref = ModelRef(name=critic.name, version=critic.version)
         out = []
-        for request, scores, far in zip(requests, all_scores, ood):
-            d = critic.decide_scores(scores, far)
-            resp = ScoreResponse(scores=d.scores, best_index=d.best_index, fallback=d.fallback, reason=d.reason,
-                                 ood=d.ood, model=ref, decision_id=uuid.uuid4().hex)
+        for request, (_, texts), scores, far in zip(requests, batch, all_scores, ood):
+            logprobs = request.logprobs()
+            blended = blend(scores, logprobs, self.cfg.prior_weight)
+            d = self._decide(critic, scores, far, blended)
+            resp = ScoreResponse(scores=d.scores, blended_scores=blended,
+                                 prior_weight=self.cfg.prior_weight if blended is not None else 0.0,
+                                 best_index=d.best_index, fallback=d.fallback, reason=d.reason, ood=d.ood, model=ref,
+                                 decision_id=uuid.uuid4().hex)
+            self.metrics.decision(role, d.fallback, d.ood, blended is not None)
             if self.log:
-                self.log.append("decisions", {**resp.model_dump(), "agent_id": request.agent_id,
-                                              "state": request.state_value(), "candidates": request.candidates})
+                record = {**resp.model_dump(), "agent_id": request.agent_id, "state": request.state_value(),
+                          "candidates": texts}
+                if logprobs is not None:
+                    record["logprobs"] = logprobs
+                self.log.append("decisions", record)
             out.append(resp)
         return out
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)
     async def _score(self, requests: list[ScoreRequest]) -> list[ScoreResponse]:
+        self.metrics.batch.labels("/v1/score").observe(len(requests))
         groups: dict[int, tuple] = {}
         for i, r in enumerate(requests):  # the critic is read once per group: a swap mid-batch cannot mix
-            critic = self._slot(r.agent_id).critic
-            groups.setdefault(id(critic), (critic, []))[1].append(i)
+            slot = self._slot(r.agent_id)
+            critic = slot.critic
+            role = "challenger" if slot is self.challenger else "champion"
+            groups.setdefault(id(critic), (role, critic, []))[2].append(i)
         out: list[ScoreResponse | None] = [None] * len(requests)
-        for critic, idx in groups.values():
-            for i, resp in zip(idx, await self._score_with(critic, [requests[i] for i in idx])):
+        for role, critic, idx in groups.values():
+            for i, resp in zip(idx, await self._score_with(role, critic, [requests[i] for i in idx])):
                 out[i] = resp
         return out
 
@@ -128,6 +196,7 @@ class CriticService:
 
     @api.post("/v1/score", response_model=ScoreResponse, dependencies=AUTH)
     async def score(self, request: ScoreRequest) -> ScoreResponse:
+        check_limits(request.texts(), len(request.candidates), self.cfg)
         self._started()
         return await self._score(request)
 
@@ -149,6 +218,7 @@ class CriticService:
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)
     async def _select_tool(self, requests: list[SelectToolRequest]) -> list[SelectToolResponse]:
+        self.metrics.batch.labels("/v1/select_tool").observe(len(requests))
         critic = self.critic
         choices = await asyncio.to_thread(critic.select_tool_batch, [r.state_value() for r in requests])
         ref = ModelRef(name=critic.name, version=critic.version)
@@ -157,6 +227,7 @@ class CriticService:
 
     @api.post("/v1/select_tool", response_model=SelectToolResponse, dependencies=AUTH)
     async def select_tool(self, request: SelectToolRequest) -> SelectToolResponse:
+        check_limits(request.texts(), 0, self.cfg)
         self._started()
         if self.critic.tool_head is None:
             raise HTTPException(status_code=404, detail=f"model {self.critic.name} has no tool head "
@@ -177,34 +248,69 @@ class CriticService:
     def healthz(self) -> dict:
         return {"status": "ok"}
 
+    @api.get("/metrics", response_class=Response)
+    def prometheus(self) -> Response:
+        """Open like /healthz (counts only, no request content): scrapers need no token."""
+        body, content_type = self.metrics.render()
+        return Response(content=body, media_type=content_type)
 
-def build_app(model_uri: str, max_batch_size: int = 32, batch_wait_timeout_s: float = 0.01,
-              decision_log: str | None = None, max_queued_requests: int = 256, max_ongoing_requests: int = 64,
-              challenger_uri: str | None = None, challenger_share: float = 0.0, reload_every_s: float = 30.0):
+
+def serve_config(config: ServeConfig | None = None, **fields) -> ServeConfig:
+    """`config` with `fields` (any ServeConfig field; `challenger_uri` is `challenger`) replaced,
+    validated again; None values leave the setting as it is."""
+    if "challenger_uri" in fields:
+        fields["challenger"] = fields.pop("challenger_uri")
+    base = (config or ServeConfig()).model_dump(exclude_unset=True)
+    return ServeConfig.model_validate({**base, **{k: v for k, v in fields.items() if v is not None}})
+
+
+def deployment_options(cfg: ServeConfig) -> dict[str, Any]:
+    """Ray Serve deployment options of a ServeConfig (replicas, autoscaling, resources, queues)."""
     from ray.serve.config import BackpressureConfig
 
+    opts: dict[str, Any] = {
+        "max_queued_requests": cfg.max_queued_requests, "max_ongoing_requests": cfg.max_ongoing_requests,
+        "backpressure_config": BackpressureConfig(status_code=429, retry_after_s=1),
+        "ray_actor_options": {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus},
+    }
+    if cfg.autoscaling is not None:
+        opts["autoscaling_config"] = cfg.autoscaling.model_dump(exclude_none=True)
+    else:
+        opts["num_replicas"] = cfg.replicas or 1
+    return opts
+
+
+def build_app(model_uri: str, config: ServeConfig | None = None):
     from harnessrl import settings
 
+    cfg = config or ServeConfig()
     env = {"HARNESSRL_HOME": str(settings.home()), "MLFLOW_TRACKING_URI": settings.tracking_uri()}
     env.update({k: os.environ[k] for k in (TOKEN_ENV, TOKEN_FILE_ENV) if os.environ.get(k)})
-    deployment = CriticService.options(
-        max_queued_requests=max_queued_requests, max_ongoing_requests=max_ongoing_requests,
-        backpressure_config=BackpressureConfig(status_code=429, retry_after_s=1))
-    return deployment.bind(model_uri, max_batch_size, batch_wait_timeout_s, env, decision_log, challenger_uri,
-                           challenger_share, reload_every_s)
+    return CriticService.options(**deployment_options(cfg)).bind(model_uri, cfg.model_dump(), env)
 
 
-def start(model_uri: str, host: str = "127.0.0.1", port: int = 8000, max_batch_size: int = 32,
-          batch_wait_timeout_s: float = 0.01, decision_log: str | None = None, max_queued_requests: int = 256,
-          max_ongoing_requests: int = 64, challenger_uri: str | None = None, challenger_share: float = 0.0,
-          reload_every_s: float = 30.0) -> str:
-    """Deploy on the connected Ray cluster; returns the base URL once the app is running."""
-    serve.start(http_options={"host": host, "port": port}, logging_config={"enable_access_log": False})
-    serve.run(build_app(model_uri, max_batch_size, batch_wait_timeout_s, decision_log, max_queued_requests,
-                        max_ongoing_requests, challenger_uri, challenger_share, reload_every_s),
-              name=APP_NAME, route_prefix="/")
-    return f"http://{host}:{port}"
+def start(model_uri: str | None = None, host: str | None = None, port: int | None = None, *,
+          config: ServeConfig | None = None, **fields) -> str:
+    """Deploy on the connected Ray cluster; returns the base URL once the app is running.
+
+    Settings come from `config` (default: ServeConfig's defaults), then `host`, `port` and any
+    other ServeConfig field given by keyword. `model_uri` defaults to `config.model`. The app
+    outlives this process when Ray is a cluster joined by address (Serve's controller is detached)."""
+    cfg = serve_config(config, host=host, port=port, **fields)
+    uri = model_uri or cfg.model
+    if not uri:
+        from harnessrl.errors import ConfigError
+
+        raise ConfigError("no model to serve: give --model or set `model` in the serve config")
+    serve.start(http_options={"host": cfg.host, "port": cfg.port}, logging_config={"enable_access_log": False})
+    serve.run(build_app(uri, cfg), name=APP_NAME, route_prefix="/")
+    return f"http://{cfg.host}:{cfg.port}"
 
 
 def stop() -> None:
     serve.shutdown()
+
+
+def delete() -> None:
+    """Remove the app from the cluster and leave Serve (and other apps) running."""
+    serve.delete(APP_NAME)

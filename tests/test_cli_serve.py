@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -50,3 +51,57 @@ def test_cli_serve_joins_cluster_and_stops_on_interrupt(pipeline_run, ray_local)
     assert "stopping the service" in out
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{url}/healthz", timeout=2)
+
+
+SHIPPED = Path(__file__).resolve().parents[1] / "serving" / "serve.yaml"
+
+
+def test_shipped_serve_yaml_validates_and_a_bad_field_is_exit_code_2(tmp_path, capsys):
+    from harnessrl.cli import main
+    from harnessrl.config import load_serve
+    from harnessrl.serving.app import deployment_options
+
+    cfg = load_serve(SHIPPED)
+    assert cfg.model and cfg.autoscaling is not None and cfg.max_candidates >= 1 and cfg.prior_weight == 0
+    opts = deployment_options(cfg)
+    assert opts["autoscaling_config"]["max_replicas"] == cfg.autoscaling.max_replicas
+    assert "num_replicas" not in opts and opts["ray_actor_options"]["num_cpus"] == cfg.num_cpus
+    fixed = load_serve(SHIPPED, ["autoscaling=null", "replicas=3"])
+    assert deployment_options(fixed)["num_replicas"] == 3
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(SHIPPED.read_text() + "max_candidatez: 9\n")
+    assert main(["serve", "--config", str(bad)]) == 2  # before any Ray starts
+    err = capsys.readouterr().err
+    assert "invalid serve configuration" in err and "max_candidatez: Extra inputs are not permitted" in err
+    assert main(["serve", "--config", str(SHIPPED), "--set", "replicas=2"]) == 2  # replicas and autoscaling
+    assert "either replicas" in capsys.readouterr().err
+    assert main(["serve", "deploy", "--config", str(SHIPPED), "--port", "-1"]) == 2
+    assert "port" in capsys.readouterr().err
+
+
+def test_cli_deploys_the_shipped_yaml_to_a_cluster_and_returns(pipeline_run, ray_local):
+    import ray
+
+    from harnessrl.serving import app as serving
+
+    port = free_port()
+    address = ray.get_runtime_context().gcs_address
+    cmd = [sys.executable, "-m", "harnessrl", "serve", "deploy", "--config", str(SHIPPED),
+           "--model", f"{MODEL}@champion", "--port", str(port), "--address", address]
+    url = f"http://127.0.0.1:{port}"
+    try:
+        done = subprocess.run(cmd, env=os.environ.copy(), capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert f"deployed models:/{MODEL}@champion at {url}" in done.stdout
+        # the command has exited; the app keeps serving on the cluster
+        assert httpx.get(f"{url}/healthz", timeout=30).status_code == 200
+        r = httpx.post(f"{url}/v1/score", json={"state": "Task: t\nNow: a room", "candidates": ["go east", "look"]},
+                       timeout=60)
+        assert r.status_code == 200 and r.json()["model"]["name"] == MODEL
+        stop = subprocess.run([sys.executable, "-m", "harnessrl", "serve", "stop", "--address", address],
+                              env=os.environ.copy(), capture_output=True, text=True, timeout=300)
+        assert stop.returncode == 0, stop.stderr[-3000:]
+        assert httpx.get(f"{url}/healthz", timeout=30).status_code == 404  # the proxy is up, the app is gone
+    finally:
+        serving.stop()

@@ -151,7 +151,23 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_config(args: argparse.Namespace):
+    """serve.yaml (if given), then --set, then the explicit flags: one ServeConfig, validated."""
+    from harnessrl.config import load_serve
+
+    fields = {"model": model_uri(args.model) if args.model else None, "host": args.host, "port": args.port,
+              "max_batch_size": args.max_batch_size, "max_queued_requests": args.max_queued_requests,
+              "challenger": model_uri(args.challenger) if args.challenger else None,
+              "challenger_share": args.challenger_share, "reload_every_s": args.reload_every_s,
+              "decision_log": args.decision_log}
+    cfg = load_serve(args.config, args.set, fields)
+    if cfg.model is None:
+        raise ConfigError("no model to serve: give --model or set `model` in the --config file")
+    return cfg.model_copy(update={"model": model_uri(cfg.model)})
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
+    import os
     import signal
     import time
 
@@ -159,17 +175,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from harnessrl.ray_runtime import init_ray
     from harnessrl.serving import app as serving
 
-    uri = model_uri(args.model)
+    if args.action == "stop":
+        if not (args.address or os.environ.get("RAY_ADDRESS")):
+            raise ConfigError("serve stop: give --address of the cluster the service runs on")
+        init_ray(args.address)
+        serving.delete()
+        print(f"removed the app '{serving.APP_NAME}' from the cluster", flush=True)
+        return 0
+    cfg = _serve_config(args)  # before Ray starts: a bad config is exit code 2 at once
+    if cfg.decision_log is None:
+        cfg = cfg.model_copy(update={"decision_log": str(settings.home() / "decisions")})
+    if args.action == "deploy":
+        if not (args.address or os.environ.get("RAY_ADDRESS")):
+            raise ConfigError("serve deploy: give --address of a running Ray cluster (a local Ray would stop "
+                              "with this command)")
+        init_ray(args.address)
+        url = serving.start(config=cfg)
+        print(f"deployed {cfg.model} at {url} on the cluster; `harnessrl serve stop --address ...` removes it",
+              flush=True)
+        return 0
     init_ray(args.address)
     try:
-        decisions = args.decision_log or str(settings.home() / "decisions")
-        challenger = model_uri(args.challenger) if args.challenger else None
-        url = serving.start(uri, args.host, args.port, args.max_batch_size, decision_log=decisions,
-                            max_queued_requests=args.max_queued_requests, challenger_uri=challenger,
-                            challenger_share=args.challenger_share if challenger else 0.0,
-                            reload_every_s=args.reload_every_s)
-        print(f"serving {uri} at {url}  (POST /v1/score, /v1/select_tool, /v1/feedback; GET /v1/model, /healthz; "
-              f"docs at {url}/docs); decisions logged to {decisions}; Ctrl-C stops", flush=True)
+        url = serving.start(config=cfg)
+        print(f"serving {cfg.model} at {url}  (POST /v1/score, /v1/select_tool, /v1/feedback; GET /v1/model, "
+              f"/healthz, /metrics; docs at {url}/docs); decisions logged to {cfg.decision_log}; Ctrl-C stops",
+              flush=True)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
@@ -248,19 +278,27 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a local Ray)")
     tr.set_defaults(fn=cmd_train)
 
-    serve = sub.add_parser("serve", help="serve a critic over HTTP with Ray Serve")
-    serve.add_argument("--model", required=True, help="NAME@ALIAS, NAME/VERSION, models:/... or a critic folder")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--max-batch-size", type=int, default=32)
-    serve.add_argument("--max-queued-requests", type=int, default=256, help="beyond this: 429 + Retry-After")
+    serve = sub.add_parser(
+        "serve", help="serve a critic over HTTP with Ray Serve (run: until Ctrl-C; deploy: onto a cluster and "
+                      "return; stop: remove a deployed app)",
+        description="Settings: ServeConfig (harnessrl.config), from --config YAML, then --set, then these flags; "
+                    "unset flags keep the file's value or ServeConfig's default.")
+    serve.add_argument("action", nargs="?", default="run", choices=["run", "deploy", "stop"])
+    serve.add_argument("--config", help="serve config YAML (e.g. serving/serve.yaml), validated by ServeConfig")
+    serve.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config value (e.g. autoscaling.max_replicas=4)")
+    serve.add_argument("--model", help="NAME@ALIAS, NAME/VERSION, models:/... or a critic folder")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--max-batch-size", type=int)
+    serve.add_argument("--max-queued-requests", type=int, help="beyond this: 429 + Retry-After")
     serve.add_argument("--challenger", help="a second model (e.g. NAME@challenger) for a share of agents")
-    serve.add_argument("--challenger-share", type=float, default=0.1, help="share of agents (by agent_id hash)")
-    serve.add_argument("--reload-every-s", type=float, default=30.0,
+    serve.add_argument("--challenger-share", type=float, help="share of agents (by agent_id hash; default 0.1)")
+    serve.add_argument("--reload-every-s", type=float,
                        help="check the aliases this often and switch to a new version without dropping requests")
     serve.add_argument("--decision-log", help="folder (local or s3://) for decisions and feedback "
                                               "(default: $HARNESSRL_HOME/decisions)")
-    serve.add_argument("--address", help="Ray cluster address")
+    serve.add_argument("--address", help="Ray cluster address (deploy and stop need one)")
     serve.set_defaults(fn=cmd_serve)
 
     score = sub.add_parser("score", help="score candidates for one state, in-process")

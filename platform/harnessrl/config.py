@@ -122,19 +122,55 @@ class EvaluateConfig(_Strict):
     max_heldout_steps: int = Field(1000, ge=1)
 
 
+class AutoscalingConfig(_Strict):
+    """Ray Serve replica autoscaling (unset fields: Serve's defaults)."""
+
+    min_replicas: int = Field(1, ge=0, description="0 lets the app scale to zero (a cold start loads the model)")
+    max_replicas: int = Field(2, ge=1)
+    initial_replicas: int | None = Field(None, ge=0)
+    target_ongoing_requests: float = Field(16, gt=0, description="requests per replica the autoscaler aims for")
+    upscale_delay_s: float | None = Field(None, ge=0)
+    downscale_delay_s: float | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "AutoscalingConfig":
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) is larger than max_replicas ({self.max_replicas})")
+        return self
+
+
 class ServeConfig(_Strict):
-    enabled: bool = True
+    """The critic service: a pipeline's `serve:` section, or a file of its own for `harnessrl serve
+    --config` (serving/serve.yaml). Every setting of the service lives here, nowhere else."""
+
+    enabled: bool = Field(True, description="pipelines: start the service at the end of a run")
+    model: str | None = Field(None, description="`harnessrl serve`: NAME@ALIAS, NAME/VERSION, models:/... or a "
+                                                "critic folder (a pipeline serves the model it registered)")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
+    replicas: int | None = Field(None, ge=1, description="fixed replica count (default 1); not with autoscaling")
+    autoscaling: AutoscalingConfig | None = Field(None, description="replicas follow the load (Ray Serve autoscaler)")
+    num_cpus: float = Field(0.5, ge=0, description="CPUs reserved per replica")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs per replica (a fraction shares one)")
     max_batch_size: int = Field(32, ge=1)
     batch_wait_timeout_s: float = Field(0.01, ge=0)
     smoke_requests: int = Field(5, ge=0, description="held-out states scored over HTTP at the end of a run")
     decision_log: str | None = Field(None, description="folder (local or s3://) for the decision and feedback log")
     max_ongoing_requests: int = Field(64, ge=1, description="requests in flight per replica (>= max_batch_size)")
     max_queued_requests: int = Field(256, ge=1, description="beyond this, requests get 429 + Retry-After")
+    max_candidates: int = Field(256, ge=1, le=4096, description="candidates per /v1/score request; more: 422")
+    max_text_chars: int = Field(20_000, ge=1, description="characters per state or candidate text; longer: 413")
+    prior_weight: float = Field(0.0, ge=0, description="rank by score + prior_weight * the agent's logprob when "
+                                                       "candidates carry one (0: critic only)")
     challenger: str | None = Field(None, description="model URI answering `challenger_share` of agents")
-    challenger_share: float = Field(0.0, ge=0, le=1, description="agents routed by hash of agent_id")
+    challenger_share: float = Field(0.1, ge=0, le=1, description="agents routed to the challenger by agent_id hash")
     reload_every_s: float = Field(30.0, ge=0, description="how often aliases are checked for a new version (0: never)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "ServeConfig":
+        if self.replicas is not None and self.autoscaling is not None:
+            raise ValueError("set either replicas (a fixed count) or autoscaling, not both")
+        return self
 
 
 class PipelineConfig(_Strict):
@@ -182,26 +218,42 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
-def load_pipeline(path: str | Path, overrides: list[str] | None = None) -> PipelineConfig:
+def _read_yaml(path: str | Path, what: str, overrides: list[str] | None) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"pipeline file not found: {path}")
+        raise ConfigError(f"{what} file not found: {path}")
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping")
-    raw = apply_overrides(raw, overrides or [])
-    return parse_pipeline(raw, origin=str(path))
+    return apply_overrides(raw, overrides or [])
 
 
-def parse_pipeline(raw: dict[str, Any], origin: str = "<config>") -> PipelineConfig:
+def _validate(model: type[BaseModel], raw: dict[str, Any], origin: str, what: str):
     try:
-        return PipelineConfig.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError as exc:
-        lines = [f"{origin}: invalid pipeline configuration:"]
+        lines = [f"{origin}: invalid {what} configuration:"]
         for err in exc.errors():
             where = ".".join(str(p) for p in err["loc"]) or "(top level)"
             lines.append(f"  {where}: {err['msg']}")
         raise ConfigError("\n".join(lines)) from None
+
+
+def load_pipeline(path: str | Path, overrides: list[str] | None = None) -> PipelineConfig:
+    return parse_pipeline(_read_yaml(path, "pipeline", overrides), origin=str(path))
+
+
+def parse_pipeline(raw: dict[str, Any], origin: str = "<config>") -> PipelineConfig:
+    return _validate(PipelineConfig, raw, origin, "pipeline")
+
+
+def load_serve(path: str | Path | None, overrides: list[str] | None = None,
+               fields: dict[str, Any] | None = None) -> ServeConfig:
+    """A service configuration (serving/serve.yaml), then `--set` overrides, then explicit
+    command-line fields (None values are ignored); every layer is validated by ServeConfig."""
+    raw = _read_yaml(path, "serve config", overrides) if path else apply_overrides({}, overrides or [])
+    raw.update({k: v for k, v in (fields or {}).items() if v is not None})
+    return _validate(ServeConfig, raw, str(path or "<serve flags>"), "serve")

@@ -1,0 +1,101 @@
+"""Prometheus metrics of one replica, rendered at `GET /metrics` by `prometheus_client`.
+
+Each replica keeps its own registry: with several replicas, a scrape through the Serve proxy
+is answered by one replica (whichever the proxy picks), so the counters are that replica's
+only; the `replica` label says which. Totals over replicas come from Ray Serve's own metrics
+(exported by Ray's metrics agent on each node). Requests Serve rejects before they reach a
+replica (429 when the queue is full) are not counted here either: Ray Serve's metrics
+(`ray_serve_num_http_error_requests`) have them.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+ENDPOINTS = ("/v1/score", "/v1/select_tool", "/v1/feedback", "/v1/model", "/healthz", "/metrics")
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class _CacheCollector(Collector):
+    """The critics' LRU embedding caches, read at scrape time (a model swap starts a fresh cache,
+    which Prometheus sees as a counter reset)."""
+
+    def __init__(self, caches: Callable[[], Iterable[tuple[str, dict[str, int]]]]):
+        self.caches = caches
+
+    def collect(self):
+        hits = CounterMetricFamily("harnessrl_embedding_cache_hits", "texts served from the embedding LRU",
+                                   labels=["model"])
+        misses = CounterMetricFamily("harnessrl_embedding_cache_misses", "texts the encoder had to encode",
+                                     labels=["model"])
+        size = GaugeMetricFamily("harnessrl_embedding_cache_entries", "texts in the embedding LRU", labels=["model"])
+        ratio = GaugeMetricFamily("harnessrl_embedding_cache_hit_ratio", "hits / (hits + misses) since the model "
+                                  "was loaded", labels=["model"])
+        for role, s in self.caches():
+            hits.add_metric([role], s["hits"])
+            misses.add_metric([role], s["misses"])
+            size.add_metric([role], s["size"])
+            total = s["hits"] + s["misses"]
+            ratio.add_metric([role], s["hits"] / total if total else 0.0)
+        yield from (hits, misses, size, ratio)
+
+
+class ServiceMetrics:
+    def __init__(self, replica: str, caches: Callable[[], Iterable[tuple[str, dict[str, int]]]],
+                 models: Iterable[str] = ("champion",)):
+        self.registry = r = CollectorRegistry(auto_describe=False)
+        Gauge("harnessrl_replica_info", "the replica these counters belong to", ["replica"], registry=r
+              ).labels(replica).set(1)
+        self.requests = Counter("harnessrl_requests", "HTTP requests answered by this replica",
+                                ["endpoint", "status"], registry=r)
+        self.latency = Histogram("harnessrl_request_latency_seconds", "time in the replica, request to response",
+                                 ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
+        self.batch = Histogram("harnessrl_batch_size", "requests per @serve.batch call", ["endpoint"],
+                               buckets=BATCH_BUCKETS, registry=r)
+        self.decisions = Counter("harnessrl_decisions", "scored requests", ["model"], registry=r)
+        self.fallbacks = Counter("harnessrl_fallbacks", "decisions whose chosen candidate scored below the "
+                                 "model's fallback threshold", ["model"], registry=r)
+        self.ood = Counter("harnessrl_ood_decisions", "decisions on a state far from every training state",
+                           ["model"], registry=r)
+        self.blended = Counter("harnessrl_prior_blended_decisions", "decisions ranked by score + w * logprob",
+                               ["model"], registry=r)
+        r.register(_CacheCollector(caches))
+        for model in models:  # zeros from the start, so a rate() has a series before the first event
+            for counter in (self.decisions, self.fallbacks, self.ood, self.blended):
+                counter.labels(model)
+
+    def request(self, path: str, status: int, seconds: float) -> None:
+        endpoint = path if path in ENDPOINTS else "other"  # bounded label values, whatever clients send
+        self.requests.labels(endpoint, str(status)).inc()
+        self.latency.labels(endpoint).observe(seconds)
+
+    def decision(self, model: str, fallback: bool, ood: bool | None, blended: bool) -> None:
+        self.decisions.labels(model).inc()
+        if fallback:
+            self.fallbacks.labels(model).inc()
+        if ood:
+            self.ood.labels(model).inc()
+        if blended:
+            self.blended.labels(model).inc()
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+_current: ServiceMetrics | None = None
+
+
+def install(m: ServiceMetrics) -> ServiceMetrics:
+    """The metrics of this process's replica, for the HTTP middleware."""
+    global _current
+    _current = m
+    return m
+
+
+def current() -> ServiceMetrics | None:
+    return _current

@@ -1,0 +1,115 @@
+"""Serving many agents: configured limits answered with a clear 4xx, Prometheus metrics at
+/metrics, and optional blending of the critic's scores with the agent's own log-probabilities
+(real Ray Serve on loopback, real model)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import MODEL, free_port
+
+pytestmark = pytest.mark.integration
+STATE = {"task": "Find the coin.", "history": [{"action": "move north", "observation": "A kitchen."}],
+         "observation": "A kitchen. You see a coin."}
+CANDIDATES = ["take coin", "move south", "open fridge"]
+MAX_CANDIDATES, MAX_TEXT, WEIGHT = 4, 300, 0.5
+
+
+@pytest.fixture(scope="module")
+def url(pipeline_run):
+    from harnessrl.serving import app as serving
+
+    base = serving.start(f"models:/{MODEL}@champion", port=free_port(), max_candidates=MAX_CANDIDATES,
+                         max_text_chars=MAX_TEXT, prior_weight=WEIGHT)
+    yield base
+    serving.stop()
+
+
+def _score(url: str, candidates, state=STATE) -> httpx.Response:
+    return httpx.post(f"{url}/v1/score", json={"agent_id": "a1", "state": state, "candidates": candidates}, timeout=60)
+
+
+def test_too_many_candidates_is_422_naming_the_limit(url):
+    assert _score(url, [f"move {i}" for i in range(MAX_CANDIDATES)]).status_code == 200
+    r = _score(url, [f"move {i}" for i in range(MAX_CANDIDATES + 1)])
+    assert r.status_code == 422
+    detail = r.json()["detail"]
+    assert f"{MAX_CANDIDATES + 1} candidates" in detail and f"at most {MAX_CANDIDATES}" in detail
+    assert "serve.max_candidates" in detail
+
+
+def test_too_long_text_is_413_with_a_json_error(url):
+    long = "x" * (MAX_TEXT + 1)
+    assert _score(url, ["take coin", "y" * MAX_TEXT]).status_code == 200  # at the limit: fine
+    r = _score(url, ["take coin", long])
+    assert r.status_code == 413 and r.headers["content-type"].startswith("application/json")
+    assert r.json()["detail"] == (f"candidates[1] is {MAX_TEXT + 1} characters; this service accepts at most "
+                                  f"{MAX_TEXT} per text (serve.max_text_chars)")
+    assert _score(url, ["take coin"], state=long).status_code == 413
+    deep = {**STATE, "history": [{"action": "look", "observation": long}]}
+    r = _score(url, ["take coin"], state=deep)
+    assert r.status_code == 413 and r.json()["detail"].startswith("state.history[0].observation is")
+    r = httpx.post(f"{url}/v1/select_tool", json={"state": long}, timeout=60)
+    assert r.status_code == 413 and "serve.max_text_chars" in r.json()["detail"]
+
+
+def test_prior_blending_ranks_by_score_plus_weighted_logprob(url):
+    plain = _score(url, CANDIDATES).json()
+    assert plain["blended_scores"] is None and plain["prior_weight"] == 0.0
+    raw = plain["scores"]
+    # the agent is sure it does not want the critic's favourite: the blend picks another candidate
+    logprobs = [-50.0 if i == plain["best_index"] else -0.1 * i for i in range(len(CANDIDATES))]
+    body = _score(url, [{"text": c, "logprob": lp} for c, lp in zip(CANDIDATES, logprobs)])
+    assert body.status_code == 200, body.text
+    r = body.json()
+    assert r["prior_weight"] == WEIGHT
+    assert r["scores"] == pytest.approx(raw, abs=1e-5)  # the critic's own scores stay in the answer
+    expected = [s + WEIGHT * lp for s, lp in zip(raw, logprobs)]
+    assert r["blended_scores"] == pytest.approx(expected, abs=1e-5)
+    assert r["best_index"] == max(range(len(expected)), key=expected.__getitem__) != plain["best_index"]
+    # one candidate without a logprob: no blend, the critic alone decides
+    mixed = _score(url, [{"text": CANDIDATES[0], "logprob": -1.0}, *CANDIDATES[1:]]).json()
+    assert mixed["blended_scores"] is None and mixed["prior_weight"] == 0.0
+    assert mixed["best_index"] == plain["best_index"]
+    assert _score(url, [{"text": "take coin", "logprob": 0.5}]).status_code == 422  # not a log-probability
+
+
+def _samples(url: str) -> dict[tuple, float]:
+    r = httpx.get(f"{url}/metrics", timeout=30)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(r.text) for s in family.samples}
+
+
+def _get(samples: dict, name: str, **labels) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def test_metrics_count_requests_batches_cache_and_decisions(url):
+    before = _samples(url)
+    for i in range(3):
+        assert _score(url, ["take coin", f"move {i}"]).status_code == 200
+    assert _score(url, [f"c{i}" for i in range(MAX_CANDIDATES + 1)]).status_code == 422
+    assert _score(url, ["z" * (MAX_TEXT + 1)]).status_code == 413
+    after = _samples(url)
+
+    def delta(name, **labels):
+        return _get(after, name, **labels) - _get(before, name, **labels)
+
+    assert delta("harnessrl_requests_total", endpoint="/v1/score", status="200") == 3
+    assert delta("harnessrl_requests_total", endpoint="/v1/score", status="422") == 1
+    assert delta("harnessrl_requests_total", endpoint="/v1/score", status="413") == 1
+    assert delta("harnessrl_request_latency_seconds_count", endpoint="/v1/score") == 5
+    assert delta("harnessrl_batch_size_count", endpoint="/v1/score") >= 1
+    assert delta("harnessrl_batch_size_sum", endpoint="/v1/score") == 3  # rejected requests never reach a batch
+    assert delta("harnessrl_decisions_total", model="champion") == 3
+    # "take coin" and the state were seen before: the cache served them
+    assert delta("harnessrl_embedding_cache_hits_total", model="champion") > 0
+    assert 0 < _get(after, "harnessrl_embedding_cache_hit_ratio", model="champion") <= 1
+    assert _get(after, "harnessrl_embedding_cache_entries", model="champion") > 0
+    names = {n for n, _ in after}
+    assert {"harnessrl_fallbacks_total", "harnessrl_ood_decisions_total", "harnessrl_replica_info"} <= names
+    # the scrape itself is counted on the next one
+    assert _get(_samples(url), "harnessrl_requests_total", endpoint="/metrics", status="200") >= 2
