@@ -2,7 +2,7 @@
 
 Each replica keeps its own registry: with several replicas, a scrape through the Serve proxy
 is answered by one replica (whichever the proxy picks), so the counters are that replica's
-only; the `replica` label says which. Totals over replicas come from Ray Serve's own metrics
+only; `harnessrl_replica_info{replica=...}` says which. Totals over replicas come from Ray Serve's own metrics
 (exported by Ray's metrics agent on each node). Requests Serve rejects before they reach a
 replica (429 when the queue is full) are not counted here either: Ray Serve's metrics
 (`ray_serve_num_http_error_requests`) have them.
