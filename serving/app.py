@@ -167,7 +167,7 @@ class CriticService:
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)
     async def _score(self, requests: list[ScoreRequest]) -> list[ScoreResponse]:
-        self.metrics.batch.labels("/v1/score").observe(len(requests))
+        self.metrics.batch_size("/v1/score", len(requests))
         groups: dict[int, tuple] = {}
         for i, r in enumerate(requests):  # the critic is read once per group: a swap mid-batch cannot mix
             slot = self._slot(r.agent_id)
@@ -218,7 +218,7 @@ class CriticService:
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)
     async def _select_tool(self, requests: list[SelectToolRequest]) -> list[SelectToolResponse]:
-        self.metrics.batch.labels("/v1/select_tool").observe(len(requests))
+        self.metrics.batch_size("/v1/select_tool", len(requests))
         critic = self.critic
         choices = await asyncio.to_thread(critic.select_tool_batch, [r.state_value() for r in requests])
         ref = ModelRef(name=critic.name, version=critic.version)

@@ -2,9 +2,11 @@
 
 Each replica keeps its own registry: with several replicas, a scrape through the Serve proxy
 is answered by one replica (whichever the proxy picks), so the counters are that replica's
-only; `harnessrl_replica_info{replica=...}` says which. Totals over replicas come from Ray Serve's own metrics
-(exported by Ray's metrics agent on each node). Requests Serve rejects before they reach a
-replica (429 when the queue is full) are not counted here either: Ray Serve's metrics
+only; `harnessrl_replica_info{replica=...}` says which. For totals over replicas the same
+series are also recorded through Ray's metrics (`ray.serve.metrics`): Ray's metrics agent on
+each node exports them as `ray_harnessrl_*`, tagged with deployment and replica, for a
+Prometheus that scrapes the nodes to sum. Requests Serve rejects before they reach a replica
+(429 when the queue is full) are counted in neither: Ray Serve's own metrics
 (`ray_serve_num_http_error_requests`) have them.
 """
 
@@ -45,9 +47,27 @@ class _CacheCollector(Collector):
         yield from (hits, misses, size, ratio)
 
 
+class _RayMirror:
+    """The same series through Ray's metrics agent, which sums nothing but exports every
+    replica's series from its node: the way to totals with several replicas."""
+
+    def __init__(self):
+        from ray.serve import metrics as rm
+
+        self.requests = rm.Counter("harnessrl_requests", "HTTP requests answered", tag_keys=("endpoint", "status"))
+        self.latency = rm.Histogram("harnessrl_request_latency_seconds", "time in the replica",
+                                    boundaries=list(LATENCY_BUCKETS), tag_keys=("endpoint",))
+        self.batch = rm.Histogram("harnessrl_batch_size", "requests per batch", boundaries=list(BATCH_BUCKETS),
+                                  tag_keys=("endpoint",))
+        self.events = {name: rm.Counter(f"harnessrl_{name}", help_, tag_keys=("model",)) for name, help_ in (
+            ("decisions", "scored requests"), ("fallbacks", "decisions below the fallback threshold"),
+            ("ood_decisions", "decisions on out-of-distribution states"))}
+
+
 class ServiceMetrics:
     def __init__(self, replica: str, caches: Callable[[], Iterable[tuple[str, dict[str, int]]]],
-                 models: Iterable[str] = ("champion",)):
+                 models: Iterable[str] = ("champion",), ray_metrics: bool = True):
+        self.ray = _RayMirror() if ray_metrics else None
         self.registry = r = CollectorRegistry(auto_describe=False)
         Gauge("harnessrl_replica_info", "the replica these counters belong to", ["replica"], registry=r
               ).labels(replica).set(1)
@@ -73,6 +93,14 @@ class ServiceMetrics:
         endpoint = path if path in ENDPOINTS else "other"  # bounded label values, whatever clients send
         self.requests.labels(endpoint, str(status)).inc()
         self.latency.labels(endpoint).observe(seconds)
+        if self.ray:
+            self.ray.requests.inc(1, tags={"endpoint": endpoint, "status": str(status)})
+            self.ray.latency.observe(seconds, tags={"endpoint": endpoint})
+
+    def batch_size(self, endpoint: str, n: int) -> None:
+        self.batch.labels(endpoint).observe(n)
+        if self.ray:
+            self.ray.batch.observe(n, tags={"endpoint": endpoint})
 
     def decision(self, model: str, fallback: bool, ood: bool | None, blended: bool) -> None:
         self.decisions.labels(model).inc()
@@ -80,6 +108,10 @@ class ServiceMetrics:
             self.fallbacks.labels(model).inc()
         if ood:
             self.ood.labels(model).inc()
+        if self.ray:
+            for name, happened in (("decisions", True), ("fallbacks", fallback), ("ood_decisions", bool(ood))):
+                if happened:
+                    self.ray.events[name].inc(1, tags={"model": model})
         if blended:
             self.blended.labels(model).inc()
 

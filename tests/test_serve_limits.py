@@ -113,3 +113,25 @@ def test_metrics_count_requests_batches_cache_and_decisions(url):
     assert {"harnessrl_fallbacks_total", "harnessrl_ood_decisions_total", "harnessrl_replica_info"} <= names
     # the scrape itself is counted on the next one
     assert _get(_samples(url), "harnessrl_requests_total", endpoint="/metrics", status="200") >= 2
+
+
+def test_the_same_series_reach_rays_metrics_agent(url):
+    """For totals over replicas: Ray's metrics agent exports every replica's series."""
+    import time
+
+    import ray
+
+    for i in range(2):
+        assert _score(url, ["take coin", f"look {i}"]).status_code == 200
+    served = _get(_samples(url), "harnessrl_requests_total", endpoint="/v1/score", status="200")
+    port = next(n["MetricsExportPort"] for n in ray.nodes() if n["Alive"])
+    deadline, total = time.time() + 90, 0.0
+    while time.time() < deadline:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+        total = sum(s.value for f in text_string_to_metric_families(text)
+                    for s in f.samples if s.name == "ray_harnessrl_requests_total"
+                    and s.labels.get("endpoint") == "/v1/score" and s.labels.get("status") == "200")
+        if total >= served:
+            break
+        time.sleep(3)
+    assert total >= served > 0
