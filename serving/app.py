@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
+from fastapi.responses import JSONResponse
 from ray import serve
 
 from harnessrl.config import ServeConfig
@@ -53,15 +54,23 @@ def require_token(authorization: str | None = Header(None)) -> None:
 
 
 AUTH = [Depends(require_token)]
+REQUEST_LIMIT: int | None = None  # ServeConfig.max_request_bytes of this process's replica
 
 
 @api.middleware("http")
 async def count_requests(request: Request, call_next):
-    """Every answer the replica gives (401s and 422s included) is counted, with its latency."""
+    """Every answer the replica gives (401s and 422s included) is counted, with its latency; a
+    body declared larger than serve.max_request_bytes is refused before it is read."""
     from harnessrl.serving import metrics
 
     start = time.perf_counter()
-    response = await call_next(request)
+    size = request.headers.get("content-length", "")
+    if REQUEST_LIMIT is not None and size.isdigit() and int(size) > REQUEST_LIMIT:
+        response = JSONResponse(status_code=413, content={
+            "detail": f"request body is {size} bytes; this service accepts at most {REQUEST_LIMIT} "
+                      "(serve.max_request_bytes)"})
+    else:
+        response = await call_next(request)
     current = metrics.current()
     if current is not None:
         current.request(request.url.path, response.status_code, time.perf_counter() - start)
@@ -93,12 +102,14 @@ class CriticService:
         os.environ.update(env or {})
         import torch
 
-        from harnessrl.serving.decision_log import DecisionLog
+        from harnessrl.serving import app as module
         from harnessrl.serving import metrics
+        from harnessrl.serving.decision_log import DecisionLog
         from harnessrl.serving.models import ModelSlot
 
         torch.set_num_threads(1)
         self.cfg = cfg = ServeConfig.model_validate(config)
+        module.REQUEST_LIMIT = cfg.max_request_bytes  # the module's own global (this class is pickled by value)
         self.champion = ModelSlot(model_uri)
         self.challenger = ModelSlot(cfg.challenger) if cfg.challenger else None
         self.challenger_share = cfg.challenger_share if cfg.challenger else 0.0

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.integration
 STATE = {"task": "Find the coin.", "history": [{"action": "move north", "observation": "A kitchen."}],
          "observation": "A kitchen. You see a coin."}
 CANDIDATES = ["take coin", "move south", "open fridge"]
-MAX_CANDIDATES, MAX_TEXT, WEIGHT = 4, 300, 0.5
+MAX_CANDIDATES, MAX_TEXT, WEIGHT, MAX_BYTES = 4, 300, 0.5, 8192
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def url(pipeline_run):
     from harnessrl.serving import app as serving
 
     base = serving.start(f"models:/{MODEL}@champion", port=free_port(), max_candidates=MAX_CANDIDATES,
-                         max_text_chars=MAX_TEXT, prior_weight=WEIGHT)
+                         max_text_chars=MAX_TEXT, prior_weight=WEIGHT, max_request_bytes=MAX_BYTES)
     yield base
     serving.stop()
 
@@ -53,6 +53,11 @@ def test_too_long_text_is_413_with_a_json_error(url):
     assert r.status_code == 413 and r.json()["detail"].startswith("state.history[0].observation is")
     r = httpx.post(f"{url}/v1/select_tool", json={"state": long}, timeout=60)
     assert r.status_code == 413 and "serve.max_text_chars" in r.json()["detail"]
+    # every text within its limit, but the body as a whole too large: refused before parsing
+    many = {**STATE, "history": [{"action": "look", "observation": "o" * 250} for _ in range(40)]}
+    r = _score(url, ["take coin"], state=many)
+    assert r.status_code == 413 and r.json()["detail"].startswith("request body is ")
+    assert r.json()["detail"].endswith(f"at most {MAX_BYTES} (serve.max_request_bytes)")
 
 
 def test_prior_blending_ranks_by_score_plus_weighted_logprob(url):

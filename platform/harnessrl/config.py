@@ -160,6 +160,8 @@ class ServeConfig(_Strict):
     max_queued_requests: int = Field(256, ge=1, description="beyond this, requests get 429 + Retry-After")
     max_candidates: int = Field(256, ge=1, le=4096, description="candidates per /v1/score request; more: 422")
     max_text_chars: int = Field(20_000, ge=1, description="characters per state or candidate text; longer: 413")
+    max_request_bytes: int = Field(16 * 2**20, ge=1024, description="request body (by Content-Length); larger: 413 "
+                                                                    "before the body is parsed")
     prior_weight: float = Field(0.0, ge=0, description="rank by score + prior_weight * the agent's logprob when "
                                                        "candidates carry one (0: critic only)")
     challenger: str | None = Field(None, description="model URI answering `challenger_share` of agents")
