@@ -15,11 +15,11 @@ from typing import Any
 
 from harnessrl import lineage, registry, settings, storage
 from harnessrl.config import PipelineConfig
+from harnessrl.jobs.stage_cache import run_stage, stage_key
 from harnessrl.ray_runtime import init_ray
 from harnessrl.rewards import load_recipe
 
 log = logging.getLogger(__name__)
-KEYS = ["episode_id", "step_idx"]
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, str]) -> dict[str, str]:
@@ -68,32 +68,37 @@ def _serve_check(cfg: PipelineConfig, model_uri: str, rows: list[dict[str, Any]]
     return answers
 
 
-def _digests(out: str, raw_digest: str) -> dict[str, str]:
-    """Our own content digests of every dataset of the run (raw corpus digest given)."""
-    return {
-        "raw": raw_digest,
-        "episodes": lineage.dataset_digest(storage.join(out, "ingest", "episodes"), ["episode_id"]),
-        "steps": lineage.dataset_digest(storage.join(out, "ingest", "steps"), KEYS),
-        "transitions": lineage.dataset_digest(storage.join(out, "transitions"), KEYS),
-        "encoded": lineage.dataset_digest(storage.join(out, "encoded", "data"), KEYS),
-    }
-
-
-def _prepare(cfg: PipelineConfig, out: str, recipe, summary: dict) -> tuple[dict, dict]:
-    """Ingest -> rewards/transitions -> encode; returns (encoder identity, dataset digests)."""
+def _prepare(cfg: PipelineConfig, out: str, recipe, summary: dict, force: bool) -> tuple[dict, dict]:
+    """Ingest -> rewards/transitions -> encode, each skipped when its output exists for the same
+    input and configuration (see jobs/stage_cache.py); returns (encoder identity, dataset digests)."""
     import mlflow
 
     from harnessrl.pipelines.encode import encode
     from harnessrl.pipelines.ingest import ingest
     from harnessrl.pipelines.transitions import build_transitions
 
-    ing = ingest(cfg.data.train, storage.join(out, "ingest"), cfg.data.format, cfg.data.outcomes)
-    tr = build_transitions(storage.join(out, "ingest"), storage.join(out, "transitions"), recipe, cfg.render)
-    enc = encode(storage.join(out, "transitions"), storage.join(out, "encoded"), cfg.encoder)
+    from harnessrl.pipelines.encode import EncodeResult
+    from harnessrl.pipelines.ingest import IngestResult
+    from harnessrl.pipelines.transitions import TransitionsResult
+
+    skipped: list[str] = []
+    raw = storage.digest_sources(storage.expand_sources(cfg.data.train))
+    outcomes = storage.digest_sources([cfg.data.outcomes]) if cfg.data.outcomes else None
+    k_ing = stage_key("ingest", raw, outcomes, cfg.data.format)
+    ing = run_stage(out, "ingest", k_ing, force, IngestResult, skipped=skipped, run=lambda: ingest(
+        cfg.data.train, storage.join(out, "ingest"), cfg.data.format, cfg.data.outcomes))
+    k_tr = stage_key("transitions", k_ing, recipe.digest(), cfg.render.model_dump())
+    tr = run_stage(out, "transitions", k_tr, force, TransitionsResult, skipped=skipped, run=lambda: build_transitions(
+        storage.join(out, "ingest"), storage.join(out, "transitions"), recipe, cfg.render))
+    k_enc = stage_key("encode", k_tr, cfg.encoder.model_dump(exclude={"actors", "min_actors", "max_actors",
+                                                                     "cpus_per_actor", "gpus_per_actor", "cache"}))
+    enc = run_stage(out, "encode", k_enc, force, EncodeResult, skipped=skipped, run=lambda: encode(
+        storage.join(out, "transitions"), storage.join(out, "encoded"), cfg.encoder))
+    summary["skipped"] = skipped
     for name, result in (("ingest", ing), ("transitions", tr), ("encode", enc)):
         summary[name] = result.summary()
         mlflow.log_metrics({f"{name}/{k}": v for k, v in result.summary().items() if isinstance(v, (int, float))})
-    digests = _digests(out, ing.raw_digest)
+    digests = lineage.run_digests(out, ing.raw_digest)
     _log_dataset("raw", ing.sources[0], digests["raw"], "raw")
     for name in ("transitions", "encoded"):
         _log_dataset(name, storage.join(out, name), digests[name], "training" if name == "encoded" else name)
@@ -125,6 +130,8 @@ def _train_and_register(cfg: PipelineConfig, out: str, recipe, encoder: dict, di
         "reward_recipe": recipe.name, "reward_recipe_hash": recipe.digest(),
         "encoder": json.dumps(encoder, sort_keys=True), "train_config": json.dumps(cfg.train.model_dump()),
         "git_sha": sha, "mlflow_run_id": run_id, "fallback_threshold": f"{trn.fallback_threshold:.6g}",
+        "pipeline": cfg.name, "raw_sources": json.dumps(lineage.absolute_sources(cfg.data.train)),
+        "output_dir": out if storage.is_remote(out) else str(Path(out).resolve()),
     }
     version = registry.register_critic(model_dir, cfg.registry.model_name, cfg.registry.alias, tags)
     model_uri = f"models:/{cfg.registry.model_name}@{cfg.registry.alias}"
@@ -170,8 +177,9 @@ def _start(cfg: PipelineConfig):
     return out, recipe, registry.ensure_experiment(cfg.registry.experiment)
 
 
-def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
-    """Every stage, in one MLflow run; returns the summary the CLI prints."""
+def run_pipeline(cfg: PipelineConfig, force: bool = False) -> dict[str, Any]:
+    """Every stage, in one MLflow run; returns the summary the CLI prints. `force` reruns stages
+    whose output exists for the same input and configuration (otherwise they are skipped)."""
     import mlflow
 
     started = time.time()
@@ -182,7 +190,7 @@ def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
         mlflow.log_params(_flatten("", cfg.model_dump(), {}))
         mlflow.set_tags({"harnessrl.pipeline": cfg.name, "harnessrl.git_sha": registry.git_sha(),
                          "harnessrl.reward_recipe": recipe.digest()})
-        encoder, digests = _prepare(cfg, out, recipe, summary)
+        encoder, digests = _prepare(cfg, out, recipe, summary, force)
         model_uri = _train_and_register(cfg, out, recipe, encoder, digests, run.info.run_id, summary)
         if cfg.data.heldout:
             _evaluate_and_serve(cfg, out, recipe, model_uri, summary)
@@ -215,7 +223,7 @@ def train_only(cfg: PipelineConfig, resume: str | None = None) -> dict[str, Any]
         if fs.get_file_info(path).type.name == "NotFound":
             raise DataError(f"no training run {resume!r} under {storage.join(out, 'train')} to resume")
     encoder = json.loads(read_identity(encoded).to_json())
-    digests = _digests(out, storage.digest_sources(storage.expand_sources(cfg.data.train)))
+    digests = lineage.run_digests(out, storage.digest_sources(storage.expand_sources(cfg.data.train)))
     summary: dict[str, Any] = {"pipeline": cfg.name, "output_dir": out, "resumed": resume}
     run_args = {"run_id": resume} if resume else {"experiment_id": experiment_id,
                                                   "run_name": f"{cfg.name}-train-{time.strftime('%Y%m%d-%H%M%S')}"}

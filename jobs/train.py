@@ -332,7 +332,8 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
     trainer = TorchTrainer(
         _train_loop,
         train_loop_config=loop_config,
-        scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=use_gpu, resources_per_worker=resources),
+        scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=use_gpu, resources_per_worker=resources,
+                                     placement_strategy=cfg.placement_strategy),
         run_config=RunConfig(
             name=run_name, **_storage(storage_dir),
             checkpoint_config=CheckpointConfig(num_to_keep=2),

@@ -93,8 +93,9 @@ class PoolPlan:
         """The `map_batches` arguments that place the actor pool."""
         import ray
 
+        # SPREAD: on a cluster the encoders go to different nodes (their CPUs or GPUs) before doubling up
         kwargs: dict = {"compute": ray.data.ActorPoolStrategy(min_size=self.min_actors, max_size=self.max_actors),
-                        "num_cpus": self.cpus_per_actor}
+                        "num_cpus": self.cpus_per_actor, "scheduling_strategy": "SPREAD"}
         if self.gpus_per_actor:
             kwargs["num_gpus"] = self.gpus_per_actor
         return kwargs

@@ -1,6 +1,7 @@
 """`harnessrl` command line. Exit codes: 0 ok, 1 internal error, 2 bad arguments or config,
 3 data error (unreadable or unusable input), 4 model error (missing model, encoder mismatch),
-5 records quarantined under `ingest --fail-on-quarantine`, 130 interrupted. User mistakes
+5 records quarantined under `ingest --fail-on-quarantine`, 6 `lineage --verify` found a changed or
+missing dataset, 7 a submitted job failed (`submit --wait`), 130 interrupted. User mistakes
 print one clear line, never a stack trace.
 """
 
@@ -56,6 +57,9 @@ def print_summary(s: dict[str, Any]) -> None:
         f"fallback threshold {trn['fallback_threshold']:.3f}",
         f"registry     {m['name']} version {m['version']} -> alias '{m['alias']}'  ({m['uri']})",
     ]
+    if s.get("skipped"):
+        lines.insert(2, f"skipped      {', '.join(s['skipped'])}: output exists for the same input and configuration "
+                        "(figures below are from that run; --force reruns)")
     ev = s.get("evaluate")
     if ev:
         lift = ev["gold_top1"] / ev["random_top1"] if ev["random_top1"] else float("nan")
@@ -90,7 +94,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_pipeline(args.pipeline, args.set)
     if args.address:
         cfg.ray_address = args.address
-    summary = run_pipeline(cfg)
+    summary = run_pipeline(cfg, force=args.force)
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
     else:
@@ -238,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     run.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a local Ray)")
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
+    run.add_argument("--force", action="store_true",
+                     help="rerun ingest/transitions/encode even when their output exists for the same input and config")
     run.set_defaults(fn=cmd_run)
 
     ing = sub.add_parser("ingest", help="agent logs -> episodes, steps, signals and quarantine tables (Parquet); "

@@ -105,6 +105,8 @@ class TrainConfig(_Strict):
     num_workers: int = Field(2, ge=1)
     cpus_per_worker: float = Field(0.5, gt=0)
     gpus_per_worker: float = Field(0.0, ge=0)
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="where Ray Train puts the workers: PACK fills a node first; SPREAD one per node")
     checkpoint_every: int = Field(500, ge=1)
     max_failures: int = Field(2, ge=0, description="worker-group restarts from the last checkpoint")
     log_every: int = Field(100, ge=1)

@@ -76,17 +76,24 @@ def parse_model_uri(uri: str) -> tuple[str, str | None, str | None]:
     return m["name"], m["alias"], m["version"]
 
 
-def resolve(uri: str) -> dict[str, Any]:
-    """Registry URI -> {name, version, tags, path}: the local critic folder (downloaded once, cached)."""
-    import mlflow
+def model_version(uri: str):
+    """The registry's ModelVersion a `models:/` URI names (an alias is followed), without downloading it."""
     from mlflow.exceptions import MlflowException
 
     name, alias, version = parse_model_uri(uri)
     c = client()
     try:
-        mv = c.get_model_version_by_alias(name, alias) if alias else c.get_model_version(name, version)
+        return c.get_model_version_by_alias(name, alias) if alias else c.get_model_version(name, version)
     except MlflowException as exc:
         raise ModelError(f"{uri}: not found in the registry at {settings.tracking_uri()} ({exc.message})") from None
+
+
+def resolve(uri: str) -> dict[str, Any]:
+    """Registry URI -> {name, version, tags, path}: the local critic folder (downloaded once, cached)."""
+    import mlflow
+
+    mv = model_version(uri)
+    name = mv.name
     cache = settings.home() / "models" / name / str(mv.version)
     if not (cache / "MLmodel").is_file():
         cache.mkdir(parents=True, exist_ok=True)

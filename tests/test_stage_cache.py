@@ -1,0 +1,71 @@
+"""Stages skip when their output exists for the same input and configuration, say so, and rerun
+on any change or with --force."""
+
+from __future__ import annotations
+
+import pytest
+
+from harnessrl.config import parse_pipeline
+from harnessrl.jobs.pipeline import run_pipeline
+from harnessrl.jobs.stage_cache import run_stage, stage_key
+
+pytestmark = pytest.mark.integration
+
+
+def _mtimes(folder):
+    return {p: p.stat().st_mtime_ns for p in sorted(folder.rglob("*.parquet"))}
+
+
+def test_rerun_skips_unchanged_stages_and_reruns_changed_ones(ray_local, sample_slice, tmp_path):
+    out = tmp_path / "run"
+    raw = {
+        "name": "stage-cache", "output_dir": str(out),
+        "data": {"train": [str(sample_slice["train"])]},
+        "render": {"window": 3, "max_chars": 1500, "tool_from": "first_word"},
+        "encoder": {"batch_size": 32, "max_seq_length": 128},
+        "train": {"steps": 10, "batch_size": 32, "checkpoint_every": 10, "log_every": 10, "num_workers": 1},
+        "registry": {"experiment": "stage-cache", "model_name": "stage-cache-critic"},
+        "serve": {"enabled": False},
+    }
+    first = run_pipeline(parse_pipeline(raw))
+    assert first["skipped"] == []
+    before = {stage: _mtimes(out / stage) for stage in ("ingest", "transitions", "encoded")}
+
+    second = run_pipeline(parse_pipeline(raw))
+    assert second["skipped"] == ["ingest", "transitions", "encode"]
+    assert {stage: _mtimes(out / stage) for stage in before} == before  # nothing rewritten
+    assert second["encode"] == first["encode"] and second["digests"] == first["digests"]
+    assert second["model"]["version"] == str(int(first["model"]["version"]) + 1)  # training always runs
+
+    raw["render"]["window"] = 2  # a render change: ingest reused, transitions and encode rerun
+    third = run_pipeline(parse_pipeline(raw))
+    assert third["skipped"] == ["ingest"]
+    assert third["digests"]["steps"] == first["digests"]["steps"]
+    assert third["digests"]["transitions"] != first["digests"]["transitions"]
+
+    forced = run_pipeline(parse_pipeline(raw), force=True)
+    assert forced["skipped"] == []
+    assert forced["digests"] == third["digests"]  # same input, same config: same content
+
+
+def test_an_interrupted_stage_leaves_no_marker(tmp_path):
+    from dataclasses import dataclass
+
+    @dataclass
+    class Result:
+        n: int
+
+    key = stage_key("demo", "input-digest", {"a": 1})
+    skipped: list[str] = []
+    assert run_stage(str(tmp_path), "demo", key, False, Result, lambda: Result(1), skipped) == Result(1)
+    assert run_stage(str(tmp_path), "demo", key, False, Result, lambda: Result(2), skipped) == Result(1)
+    assert skipped == ["demo"]
+
+    def crash() -> Result:
+        raise RuntimeError("killed mid-stage")
+
+    with pytest.raises(RuntimeError):
+        run_stage(str(tmp_path), "demo", key, True, Result, crash, skipped)
+    # the old marker went before the stage started: the half-written output is not reused
+    assert run_stage(str(tmp_path), "demo", key, False, Result, lambda: Result(3), skipped) == Result(3)
+    assert stage_key("demo", "input-digest", {"a": 2}) != key
