@@ -300,6 +300,27 @@ def build_app(model_uri: str, config: ServeConfig | None = None):
     return CriticService.options(**deployment_options(cfg)).bind(model_uri, cfg.model_dump(), env)
 
 
+def app_builder(args: dict[str, Any]):
+    """Application builder for Ray Serve config files: `import_path: harnessrl.serving.app:app_builder`
+    with `args` the fields of a ServeConfig (the content of serving/serve.yaml), as in the
+    serveConfigV2 of infra/k8s/rayservice.yaml or a file for `serve deploy`. It builds the same
+    application as `harnessrl serve` (build_app), with the same defaults: `model` NAME@ALIAS as a
+    registry URI, the decision log under $HARNESSRL_HOME/decisions unless `decision_log` is set.
+    `host` and `port` are not read here: in a config file they are the file's `http_options`."""
+    from harnessrl import settings
+    from harnessrl.cli import model_uri
+    from harnessrl.config import parse_serve
+    from harnessrl.errors import ConfigError
+
+    cfg = parse_serve(dict(args or {}), origin="Serve application args")
+    if not cfg.model:
+        raise ConfigError("Serve application args: no `model` to serve (NAME@ALIAS, NAME/VERSION or models:/...)")
+    uri = model_uri(cfg.model)
+    if cfg.decision_log is None:
+        cfg = cfg.model_copy(update={"decision_log": str(settings.home() / "decisions")})
+    return build_app(uri, cfg.model_copy(update={"model": uri}))
+
+
 def start(model_uri: str | None = None, host: str | None = None, port: int | None = None, *,
           config: ServeConfig | None = None, **fields) -> str:
     """Deploy on the connected Ray cluster; returns the base URL once the app is running.

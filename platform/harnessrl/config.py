@@ -254,6 +254,11 @@ def parse_pipeline(raw: dict[str, Any], origin: str = "<config>") -> PipelineCon
     return _validate(PipelineConfig, raw, origin, "pipeline")
 
 
+def parse_serve(raw: dict[str, Any], origin: str = "<serve config>") -> ServeConfig:
+    """A ServeConfig from a mapping (e.g. the `args` of a Serve config file's application)."""
+    return _validate(ServeConfig, raw, origin, "serve")
+
+
 def load_serve(path: str | Path | None, overrides: list[str] | None = None,
                fields: dict[str, Any] | None = None) -> ServeConfig:
     """A service configuration (serving/serve.yaml), then `--set` overrides, then explicit
