@@ -15,9 +15,12 @@ import io
 import json
 import logging
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from typing import Iterator
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from harnessrl import schemas, signals, storage
 from harnessrl.errors import ConfigError, DataError
@@ -86,14 +89,58 @@ def _records(data: bytes) -> list[tuple[int, bytes]]:
     return lines
 
 
+WHOLE_DOCUMENT_MAX_BYTES = 64 << 20  # a multi-line JSON document larger than this is read as JSONL
+RECORDS_PER_BLOCK = 512
+# Reading files and parsing records are separate Ray Data operators (different CPU shares keep
+# Ray from fusing them): fused, one task would parse a whole file, and Ray's Parquet writer holds
+# all of a task's output before writing it. Apart, each parse(+write) task is one block of records.
+READ_CPUS, PARSE_CPUS = 0.25, 0.75
+# Object store budget of the read -> parse -> write pipeline: readers outrun parsers, and without
+# a budget their blocks pile up in the object store (grows with the corpus up to Ray's default).
+STREAM_OBJECT_STORE_BYTES = 256 << 20
+RECORDS = pa.schema([("source_uri", pa.string()), ("source_line", pa.int64()), ("format", pa.string()),
+                     ("line", pa.binary())])
+
+
 def file_format(uri: str, fmt: str) -> str:
-    return detect_format(storage.read_bytes(uri)[:SNIFF_BYTES]) if fmt == "auto" else fmt
+    return detect_format(storage.read_prefix(uri, SNIFF_BYTES)) if fmt == "auto" else fmt
 
 
-def _read_records(row: dict) -> list[dict]:
-    uri, fmt = row["uri"], row["format"]
-    return [{"source_uri": uri, "source_line": no, "format": fmt, "line": rec}
-            for no, rec in _records(storage.read_bytes(uri))]
+def _parses(line: bytes) -> bool:
+    try:
+        json.loads(line)
+        return True
+    except ValueError:
+        return False
+
+
+def _iter_records(uri: str) -> Iterator[tuple[int, bytes]]:
+    """`_records` of a file, streamed: JSONL is read line by line, never whole; only a file whose
+    first line is the start of a multi-line document (and that is small enough to be one) is read whole."""
+    lines = storage.iter_lines(uri)
+    first = next(lines, None)
+    if first is None:
+        return
+    if first[1].lstrip(b"\xef\xbb\xbf \t").startswith(b"{") and not _parses(first[1]):
+        data = storage.read_prefix(uri, WHOLE_DOCUMENT_MAX_BYTES + 1)
+        if len(data) <= WHOLE_DOCUMENT_MAX_BYTES:
+            yield from _records(data)
+            return
+    yield first
+    yield from lines
+
+
+def _read_records(files: pa.Table) -> Iterator[pa.Table]:
+    """Files -> record rows, in blocks of RECORDS_PER_BLOCK: a file's records are never all in memory."""
+    for uri, fmt in zip(files.column("uri").to_pylist(), files.column("format").to_pylist()):
+        rows: list[dict] = []
+        for no, rec in _iter_records(uri):
+            rows.append({"source_uri": uri, "source_line": no, "format": fmt, "line": rec})
+            if len(rows) >= RECORDS_PER_BLOCK:
+                yield pa.Table.from_pylist(rows, schema=RECORDS)
+                rows = []
+        if rows:
+            yield pa.Table.from_pylist(rows, schema=RECORDS)
 
 
 def _parse(fmt: str, line: bytes, uri: str, no: int):
@@ -190,6 +237,55 @@ def _signal_rows(batch: pa.Table, duplicates: frozenset) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=schemas.SIGNALS)
 
 
+STAGED = "_parsed"
+KEY_COLUMNS = ["source_uri", "source_line", "ok", "episode_id", "reason", "n_signals"]
+
+
+@contextmanager
+def _object_store_budget(nbytes: int):
+    """Ray Data's object store limit for the executions inside (this process's DataContext)."""
+    from ray.data import DataContext
+
+    ctx = DataContext.get_current()
+    before = ctx.execution_options.resource_limits
+    ctx.execution_options.resource_limits = before.copy(object_store_memory=nbytes)
+    try:
+        yield
+    finally:
+        ctx.execution_options.resource_limits = before
+
+
+def _parquet_files(uri: str) -> list[str]:
+    fs, path = storage.filesystem(uri)
+    return sorted(f.path for f in fs.get_file_info(pafs.FileSelector(path, recursive=True))
+                  if f.type == pafs.FileType.File and f.path.endswith(".parquet"))
+
+
+def _read_columns(uri: str, columns: list[str], files: list[str]) -> pa.Table:
+    """Some columns of a Parquet folder's `files`, on the driver (an empty table when there are none)."""
+    import pyarrow.dataset as pads
+
+    if not files:
+        return pa.schema([PARSED.field(c) for c in columns]).empty_table()
+    fs, _ = storage.filesystem(uri)
+    return pads.dataset(files, filesystem=fs, format="parquet").to_table(columns=columns)
+
+
+def _split_staged(staged: str, path: str, stage: dict[str, str], duplicates: frozenset) -> None:
+    """One staged file -> its part of each output table, written as one Parquet file each (a Ray
+    task: memory is one block of records, whatever the corpus size)."""
+    import pyarrow.parquet as pq
+
+    fs, _ = storage.filesystem(staged)
+    table = pq.read_table(path, filesystem=fs)
+    name = path.rsplit("/", 1)[-1]
+    for out, fn in OUTPUTS.items():
+        rows = fn(table, duplicates)
+        if rows.num_rows:
+            out_fs, out_path = storage.filesystem(storage.join(stage[out], name))
+            pq.write_table(rows, out_path, filesystem=out_fs, compression="zstd")
+
+
 def _quarantine_rows(batch: pa.Table, duplicates: frozenset) -> pa.Table:
     rows = []
     for r in batch.to_pylist():
@@ -201,6 +297,9 @@ def _quarantine_rows(batch: pa.Table, duplicates: frozenset) -> pa.Table:
                          "detail": f"episode id already ingested from an earlier record ({r['episode_id']})",
                          "raw_prefix": r["raw_prefix"]})
     return pa.Table.from_pylist(rows, schema=schemas.QUARANTINE)
+
+
+OUTPUTS = {"episodes": _episode_rows, "steps": _step_rows, "signals": _signal_rows, "quarantine": _quarantine_rows}
 
 
 def _find_duplicates(keys: pa.Table) -> frozenset:
@@ -232,32 +331,41 @@ def ingest(sources: list[str], out_dir: str, fmt: str = "native", outcomes: str 
     joined = load_outcomes(outcomes) if outcomes else None
     log.info("ingest: %d file(s) from %s", len(files), ", ".join(sources))
     raw_digest = storage.digest_sources(files)
-    if fmt == decisions.FORMAT:  # a decision log is regrouped into episodes first (driver side)
-        per_file = {f"decisions:{s}": "native" for s in sources}
-        lines = ray.data.from_items([{"source_uri": f"decisions:{','.join(sources)}", "source_line": i,
-                                      "format": "native", "line": line}
-                                     for i, line in enumerate(decisions.to_native_lines(sources), start=1)])
-    else:
-        per_file = {u: file_format(u, fmt) for u in files}
-        if fmt == "auto":
-            for u, f in per_file.items():
-                log.info("ingest: %s -> format %s%s", u, f,
-                         " (no reader recognises it: quarantined)" if f == UNKNOWN else "")
-        lines = ray.data.from_items([{"uri": u, "format": f} for u, f in per_file.items()],
-                                    override_num_blocks=len(files)).flat_map(_read_records)
-    parsed = lines.map_batches(_parse_batch, batch_format="pyarrow", batch_size=256,
-                               fn_kwargs={"outcomes": joined}).materialize()
-    keys = pa.concat_tables(
-        [ray.get(ref) for ref in parsed.select_columns(["source_uri", "source_line", "ok", "episode_id", "reason", "n_signals"]).to_arrow_refs()]
-    ) if parsed.count() else PARSED.empty_table()
+    # Ray Data snapshots its context when a dataset is made: the budget is set before that.
+    with _object_store_budget(STREAM_OBJECT_STORE_BYTES):
+        if fmt == decisions.FORMAT:  # a decision log is regrouped into episodes first (driver side)
+            per_file = {f"decisions:{s}": "native" for s in sources}
+            lines = ray.data.from_items([{"source_uri": f"decisions:{','.join(sources)}", "source_line": i,
+                                          "format": "native", "line": line}
+                                         for i, line in enumerate(decisions.to_native_lines(sources), start=1)])
+        else:
+            per_file = {u: file_format(u, fmt) for u in files}
+            if fmt == "auto":
+                for u, f in per_file.items():
+                    log.info("ingest: %s -> format %s%s", u, f,
+                             " (no reader recognises it: quarantined)" if f == UNKNOWN else "")
+            lines = ray.data.from_items([{"uri": u, "format": f} for u, f in per_file.items()],
+                                        override_num_blocks=len(files)).map_batches(
+                _read_records, batch_format="pyarrow", batch_size=1, num_cpus=READ_CPUS)
+        # Streamed, never held whole: parsed records go to a staging dataset on disk; the driver keeps
+        # only the keys (to find duplicate ids); then one task per staged file writes its share of
+        # every output table.
+        staged = storage.join(out_dir, STAGED)
+        storage.reset_dir(staged)
+        lines.map_batches(_parse_batch, batch_format="pyarrow", batch_size=None, num_cpus=PARSE_CPUS,
+                          fn_kwargs={"outcomes": joined}).write_parquet(
+            staged, compression="zstd", ray_remote_args={"num_cpus": PARSE_CPUS})  # fused with the parse
+    staged_files = _parquet_files(staged)
+    keys = _read_columns(staged, KEY_COLUMNS, staged_files)
     duplicates = _find_duplicates(keys)
 
-    stage = {name: storage.join(out_dir, name) for name in ("episodes", "steps", "signals", "quarantine")}
-    kwargs = {"batch_format": "pyarrow", "fn_kwargs": {"duplicates": duplicates}}
-    for name, fn in (("episodes", _episode_rows), ("steps", _step_rows), ("signals", _signal_rows),
-                     ("quarantine", _quarantine_rows)):
-        storage.reset_dir(stage[name])
-        parsed.map_batches(fn, **kwargs).write_parquet(stage[name], compression="zstd")
+    stage = {name: storage.join(out_dir, name) for name in OUTPUTS}
+    for uri in stage.values():
+        storage.reset_dir(uri)
+    split = ray.remote(num_cpus=PARSE_CPUS)(_split_staged)
+    dups = ray.put(duplicates)
+    ray.get([split.remote(staged, path, stage, dups) for path in staged_files])
+    storage.remove_dir(staged)
 
     oks = keys.column("ok").to_pylist()
     by_reason = Counter(r for r, ok in zip(keys.column("reason").to_pylist(), oks) if not ok)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import glob
 import gzip
 import hashlib
-import io
 from importlib import resources
 from pathlib import Path
 from typing import Iterator
@@ -114,18 +113,64 @@ def read_bytes(uri: str) -> bytes:
     return data
 
 
+CHUNK_BYTES = 8 << 20
+
+
+def iter_chunks(uri: str, chunk: int = CHUNK_BYTES) -> Iterator[bytes]:
+    """The file's bytes (gunzipped when it ends in .gz) in pieces: big logs are never held whole."""
+    fs, path = filesystem(uri)
+    try:
+        raw = fs.open_input_stream(path, compression=None)
+    except (OSError, FileNotFoundError) as exc:
+        raise DataError(f"cannot read {uri}: {exc}") from None
+    with raw:
+        fh = gzip.GzipFile(fileobj=raw) if uri.endswith(".gz") else raw
+        while True:
+            try:
+                block = fh.read(chunk)
+            except (OSError, EOFError) as exc:
+                if uri.endswith(".gz"):
+                    raise DataError(f"{uri}: not a valid gzip file: {exc}") from None
+                raise DataError(f"cannot read {uri}: {exc}") from None
+            if not block:
+                return
+            yield block
+
+
+def read_prefix(uri: str, n: int) -> bytes:
+    """The first `n` bytes of the (gunzipped) file, reading no more than needed."""
+    out = b""
+    for block in iter_chunks(uri, min(n, CHUNK_BYTES)):
+        out += block
+        if len(out) >= n:
+            break
+    return out[:n]
+
+
 def iter_lines(uri: str) -> Iterator[tuple[int, bytes]]:
-    """(1-based line number, raw bytes) for each non-blank line."""
-    for no, line in enumerate(io.BytesIO(read_bytes(uri)), start=1):
-        line = line.rstrip(b"\r\n")
-        if line.strip():
-            yield no, line
+    """(1-based line number, raw bytes) for each non-blank line, streamed."""
+    rest, no = b"", 0
+    for block in iter_chunks(uri):
+        lines = (rest + block).split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            no += 1
+            line = line.rstrip(b"\r")
+            if line.strip():
+                yield no, line
+    if rest.rstrip(b"\r").strip():
+        yield no + 1, rest.rstrip(b"\r")
 
 
 def digest_sources(uris: list[str]) -> str:
-    """Content digest of a raw corpus: independent of file names and order."""
-    parts = sorted(hashlib.sha256(read_bytes(u)).hexdigest() for u in uris)
-    return "sha256:" + hashlib.sha256("\n".join(parts).encode()).hexdigest()
+    """Content digest of a raw corpus: independent of file names and order (streamed)."""
+    parts = []
+    for u in uris:
+        h = hashlib.sha256()
+        for block in iter_chunks(u):
+            h.update(block)
+        parts.append(h.hexdigest())
+    return "sha256:" + hashlib.sha256("\n".join(sorted(parts)).encode()).hexdigest()
 
 
 def join(base: str, *parts: str) -> str:
@@ -140,3 +185,10 @@ def reset_dir(uri: str) -> None:
     if fs.get_file_info(path).type != pafs.FileType.NotFound:
         fs.delete_dir(path)
     fs.create_dir(path, recursive=True)
+
+
+def remove_dir(uri: str) -> None:
+    """Delete a folder (a stage's scratch data) if it exists."""
+    fs, path = filesystem(uri)
+    if fs.get_file_info(path).type != pafs.FileType.NotFound:
+        fs.delete_dir(path)
