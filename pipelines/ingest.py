@@ -4,9 +4,13 @@ A record is one non-blank JSONL line, or a whole file holding one pretty-printed
 document (ATIF trajectories are written that way). Every record ends up either in
 `episodes`/`steps` or in `quarantine` with a reason; `records_in == records_ok +
 records_quarantined` is checked before the stage returns. Outcome and step signals are kept
-verbatim in `signals` (harnessrl.signals), one row each; their count is checked the same way. With `fmt="auto"` each file's format
-is detected from its first record and reported; a file no reader recognises is quarantined
-record by record (`unknown_format`), never silently skipped.
+verbatim in `signals` (harnessrl.signals), one row each; their count is checked the same way.
+With `fmt="auto"` each file's format is detected from its first record and reported; a file no
+reader recognises is quarantined record by record (`unknown_format`), never silently skipped.
+
+Memory does not grow with the corpus (bench/ingest.py): files are read in pieces, records move in
+blocks of RECORDS_PER_BLOCK, parsed blocks are staged on disk rather than held, and only one key
+row per record (to find duplicate episode ids) reaches the driver.
 """
 
 from __future__ import annotations
