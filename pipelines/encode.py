@@ -93,9 +93,10 @@ class PoolPlan:
         """The `map_batches` arguments that place the actor pool."""
         import ray
 
-        # SPREAD: on a cluster the encoders go to different nodes (their CPUs or GPUs) before doubling up
+        # (Ray Data places pool actors with its default SPREAD strategy: on a cluster the encoders go
+        # to different nodes before doubling up; tests/test_cluster_jobs.py checks it.)
         kwargs: dict = {"compute": ray.data.ActorPoolStrategy(min_size=self.min_actors, max_size=self.max_actors),
-                        "num_cpus": self.cpus_per_actor, "scheduling_strategy": "SPREAD"}
+                        "num_cpus": self.cpus_per_actor}
         if self.gpus_per_actor:
             kwargs["num_gpus"] = self.gpus_per_actor
         return kwargs
