@@ -203,8 +203,10 @@ def sub_stage(args) -> None:
     print("RESULT " + json.dumps({**mon.report(), "top": mon.top(), "result": result.summary()}), flush=True)
 
 
-def run_sub(mode: str, timeout: float, **kw) -> dict:
-    cmd = [sys.executable, __file__, "--sub", mode]
+def run_sub(mode: str, timeout: float, script: str = __file__, **kw) -> dict:
+    """Run `script --sub MODE --key value...` in its own session (so its Ray can be stopped with
+    it) and return the JSON of its `RESULT ` line; bench/ingest.py runs its subprocesses with it."""
+    cmd = [sys.executable, script, "--sub", mode]
     for key, value in kw.items():
         cmd += [f"--{key.replace('_', '-')}", str(value)]
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}

@@ -221,24 +221,23 @@ def _episode_rows(batch: pa.Table, duplicates: frozenset) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=schemas.EPISODES)
 
 
-def _step_rows(batch: pa.Table, duplicates: frozenset) -> pa.Table:
-    rows = [
-        step
-        for uri, no, ok, s in zip(*(batch.column(c).to_pylist() for c in ("source_uri", "source_line", "ok", "steps_json")))
-        if _is_kept(uri, no, ok, duplicates)
-        for step in json.loads(s)
-    ]
-    return pa.Table.from_pylist(rows, schema=schemas.STEPS)
-
-
-def _signal_rows(batch: pa.Table, duplicates: frozenset) -> pa.Table:
+def _json_rows(batch: pa.Table, duplicates: frozenset, column: str, schema: pa.Schema) -> pa.Table:
+    """The rows a kept record carries as a JSON list in `column` (its steps or its signals)."""
     rows = [
         row
-        for uri, no, ok, s in zip(*(batch.column(c).to_pylist() for c in ("source_uri", "source_line", "ok", "signals_json")))
+        for uri, no, ok, s in zip(*(batch.column(c).to_pylist() for c in ("source_uri", "source_line", "ok", column)))
         if _is_kept(uri, no, ok, duplicates)
         for row in json.loads(s)
     ]
-    return pa.Table.from_pylist(rows, schema=schemas.SIGNALS)
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def _step_rows(batch: pa.Table, duplicates: frozenset) -> pa.Table:
+    return _json_rows(batch, duplicates, "steps_json", schemas.STEPS)
+
+
+def _signal_rows(batch: pa.Table, duplicates: frozenset) -> pa.Table:
+    return _json_rows(batch, duplicates, "signals_json", schemas.SIGNALS)
 
 
 STAGED = "_parsed"
