@@ -283,6 +283,9 @@ def deployment_options(cfg: ServeConfig) -> dict[str, Any]:
         "max_queued_requests": cfg.max_queued_requests, "max_ongoing_requests": cfg.max_ongoing_requests,
         "backpressure_config": BackpressureConfig(status_code=429, retry_after_s=1),
         "ray_actor_options": {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus},
+        # No per-request access line from each replica (serve.start's logging_config reaches only
+        # the proxy and controller); /metrics counts requests instead.
+        "logging_config": {"enable_access_log": False},
     }
     if cfg.autoscaling is not None:
         opts["autoscaling_config"] = cfg.autoscaling.model_dump(exclude_none=True)
