@@ -315,14 +315,6 @@ def train_critic(args, work: Path) -> str:
     return str(out / "model")
 
 
-def model_uri(spec: str) -> str:
-    if spec.startswith("models:/") or Path(spec).exists():
-        return str(Path(spec).resolve()) if Path(spec).exists() else spec
-    from harnessrl.cli import model_uri as registry_uri
-
-    return registry_uri(spec)
-
-
 def bench_baseline(args, model: str, work: Path) -> dict:
     port = free_port()
     log = (work / "baseline.log").open("wb")
@@ -337,12 +329,19 @@ def bench_baseline(args, model: str, work: Path) -> dict:
         res["start_s"] = round(started, 1)
         return res
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop(proc, grace_s=20)
+
+
+def stop(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGINT (the server shuts down cleanly), then SIGKILL after `grace_s`."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
 
 
 def run_harnessrl_sub(args, model: str, work: Path) -> dict:
@@ -358,13 +357,7 @@ def run_harnessrl_sub(args, model: str, work: Path) -> dict:
                 if line.startswith("(a)"):
                     print(line, flush=True)
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-                try:
-                    proc.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
+            stop(proc, grace_s=60)
     if proc.returncode != 0 or not out.exists():
         tail = log.read_text(errors="replace")[-3000:]
         raise RuntimeError(f"harnessrl run exited with {proc.returncode}; end of {log}:\n{tail}")
@@ -527,7 +520,9 @@ def main() -> None:
     os.environ.setdefault("HARNESSRL_HOME", str(work / "home"))
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if args.model:
-        model = model_uri(args.model)
+        from harnessrl.cli import model_uri
+
+        model = str(Path(args.model).resolve()) if Path(args.model).exists() else model_uri(args.model)
     elif args.untrained:
         model = untrained_critic(work / "untrained-critic")
     else:
