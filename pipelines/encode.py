@@ -103,21 +103,39 @@ class PoolPlan:
 
 
 def cpu_budget(cpus: float) -> float:
-    """CPUs an actor pool may reserve: all but one, which the stage's read, map and write tasks
-    need (a pool that takes every CPU starves the reads and hangs: two 1-CPU actors on 2 CPUs),
-    and at least half."""
+    """CPUs the encoder actors may reserve on a node of `cpus` CPUs: all but one, which the
+    stage's read, map and write tasks need (Ray Data's ListFiles and read tasks take 1 CPU: a
+    pool that leaves less on every node starves them and hangs, e.g. two 1-CPU actors on 2
+    CPUs, or 1.25-CPU actors on 2-CPU nodes), and at least half."""
     return max(cpus - 1.0, cpus / 2.0)
 
 
-def plan_pool(cfg: EncoderConfig, resources: dict, node_cpus: float | None = None, max_blocks: int | None = None,
-              actor_memory: float = ACTOR_MEMORY) -> PoolPlan:
-    """Actor pool size, CPU share and device that fit `resources` (`ray.cluster_resources()`).
+def _node_list(resources: dict, node_cpus: float | None, nodes: list[dict] | None) -> list[tuple[float, float]]:
+    """(CPUs, GPUs) per node: from `nodes` (per-node resource dicts, as `ray.nodes()` gives),
+    else `resources` split into nodes of `node_cpus` CPUs, else one node."""
+    if nodes:
+        found = [(float(n.get("CPU", 0)), float(n.get("GPU", 0))) for n in nodes]
+        found = [n for n in found if n[0] > 0]
+        if found:
+            return found
+    cpus, gpus = float(resources.get("CPU", 0)), float(resources.get("GPU", 0))
+    if node_cpus and 0 < node_cpus < cpus:
+        k = max(1, round(cpus / node_cpus))
+        return [(cpus / k, gpus / k)] * k
+    return [(cpus, gpus)]
 
-    A configured size or CPU share that does not fit is reduced (with a note), never left to wait
-    for resources; GPU options that the cluster cannot serve are a ConfigError."""
+
+def plan_pool(cfg: EncoderConfig, resources: dict, node_cpus: float | None = None, max_blocks: int | None = None,
+              actor_memory: float = ACTOR_MEMORY, nodes: list[dict] | None = None) -> PoolPlan:
+    """Actor pool size, CPU share and device that fit `resources` (`ray.cluster_resources()`)
+    node by node (`nodes`: per-node resource dicts; without them, nodes of `node_cpus` CPUs).
+
+    Every actor must fit one node beside that node's read tasks (`cpu_budget` of the node, not
+    of the cluster: eight 2-CPU nodes take 1-CPU actors, not 1.25-CPU ones). A configured size
+    or CPU share that does not fit is reduced (with a note), never left to wait for resources;
+    GPU options that the cluster cannot serve are a ConfigError."""
     cpus, gpus = float(resources.get("CPU", 0)), float(resources.get("GPU", 0))
     memory = float(resources.get("memory", 0))
-    node_cpus = float(node_cpus or cpus)
     if cpus <= 0:
         raise ConfigError("the Ray cluster reports no CPUs; the encode stage needs at least one")
     gpu = cfg.gpus_per_actor > 0
@@ -126,33 +144,46 @@ def plan_pool(cfg: EncoderConfig, resources: dict, node_cpus: float | None = Non
             f"encoder.gpus_per_actor is {cfg.gpus_per_actor:g} but the Ray cluster has {gpus:g} GPU(s): "
             "set encoder.gpus_per_actor: 0 to encode on CPUs, or join a cluster with GPUs "
             "(ray start --num-gpus=N); waiting for a GPU that does not exist would hang the stage")
+    node_list = _node_list(resources, node_cpus, nodes)
+    budgets = [cpu_budget(c) for c, _ in node_list]
+    largest = max(c for c, _ in node_list)
+
+    def fits(share: float) -> int:
+        """Actors of `share` CPUs that fit, summed over the nodes."""
+        total = 0
+        for (_, node_gpus), budget in zip(node_list, budgets):
+            n = math.floor(budget / share + 1e-9)
+            if gpu:
+                n = min(n, math.floor(node_gpus / cfg.gpus_per_actor + 1e-9))
+            total += n
+        return total
+
+    mem_fit = max(1, int(memory * 0.8 // actor_memory)) if memory else 1 << 30
     notes: list[str] = []
-    budget = cpu_budget(cpus)
     want_min = cfg.actors or cfg.min_actors
     want_max = cfg.actors or cfg.max_actors
     share = cfg.cpus_per_actor
-    if share > budget:
-        notes.append(f"cpus_per_actor {share:g} does not fit beside the read tasks on a {cpus:g}-CPU cluster: "
-                     f"using {budget:g}")
-        share = budget
-    fit = math.floor(budget / share + 1e-9)
-    if gpu:
-        fit = min(fit, math.floor(gpus / cfg.gpus_per_actor + 1e-9))
-    if memory:
-        fit = min(fit, max(1, int(memory * 0.8 // actor_memory)))
-    fit = max(1, fit)
+    if share > max(budgets):
+        notes.append(f"cpus_per_actor {share:g} does not fit beside the read tasks on a {largest:g}-CPU node: "
+                     f"using {max(budgets):g}")
+        share = max(budgets)
+    if gpu and fits(share) == 0:
+        raise ConfigError(f"encoder.gpus_per_actor {cfg.gpus_per_actor:g}: no node has that many GPUs free "
+                          f"beside {share:g} CPU")
+    fit = max(1, min(fits(share), mem_fit))
     if want_min and want_min > fit and not gpu:
         # a fixed or minimum size that does not fit: first a smaller CPU share (down to 0.25), then fewer actors
-        smaller = max(0.25, math.floor(budget / want_min * 100) / 100)
+        smaller = share
+        while smaller > 0.25 and fits(smaller) < want_min:
+            smaller = max(0.25, round(smaller - 0.01, 2))
         if smaller < share:
-            notes.append(f"{want_min} actors x {share:g} CPU do not fit beside the read tasks on a {cpus:g}-CPU "
-                         f"cluster: {smaller:g} CPU each")
+            notes.append(f"{want_min} actors x {share:g} CPU do not fit beside the read tasks on "
+                         f"{len(node_list)} node(s) of {largest:g} CPU: {smaller:g} CPU each")
             share = smaller
-            fit = max(1, min(math.floor(budget / share + 1e-9),
-                             max(1, int(memory * 0.8 // actor_memory)) if memory else 1 << 30))
+            fit = max(1, min(fits(share), mem_fit))
     hi = want_max or fit
     if hi > fit:
-        notes.append(f"{hi} actors do not fit the cluster ({cpus:g} CPU, {gpus:g} GPU, "
+        notes.append(f"{hi} actors do not fit the cluster ({cpus:g} CPU on {len(node_list)} node(s), {gpus:g} GPU, "
                      f"{memory / 2**30:.0f} GiB for Ray): using {fit}")
         hi = fit
     if max_blocks:
@@ -161,7 +192,8 @@ def plan_pool(cfg: EncoderConfig, resources: dict, node_cpus: float | None = Non
     if gpu:
         threads = max(1, round(share))
     else:
-        threads = max(1, int(min(node_cpus, max(share, node_cpus / hi))))
+        per_node = math.ceil(hi / len(node_list))  # Ray Data spreads pool actors over the nodes
+        threads = max(1, int(min(largest, max(share, largest / per_node))))
     return PoolPlan(min_actors=lo, max_actors=hi, cpus_per_actor=share, gpus_per_actor=cfg.gpus_per_actor,
                     threads=threads, device="cuda" if gpu else "cpu",
                     half=gpu and cfg.precision != "float32", notes=tuple(notes))
@@ -171,14 +203,14 @@ def pool_size(cfg: EncoderConfig) -> int:
     """Largest encoder pool the connected cluster takes for `cfg`."""
     import ray
 
-    return plan_pool(cfg, ray.cluster_resources(), _node_cpus()).max_actors
+    return plan_pool(cfg, ray.cluster_resources(), nodes=_nodes()).max_actors
 
 
-def _node_cpus() -> float | None:
+def _nodes() -> list[dict]:
+    """Resources of each alive node."""
     import ray
 
-    sizes = [n.get("Resources", {}).get("CPU", 0) for n in ray.nodes() if n.get("Alive")]
-    return max(sizes) if sizes else None
+    return [dict(n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")]
 
 
 # ---- length-aware batching -----------------------------------------------------------------
@@ -564,7 +596,7 @@ def encode(transitions_dir: str, out_dir: str, cfg: EncoderConfig) -> EncodeResu
         if rows == 0:
             raise DataError(f"no transitions at {transitions_dir}: nothing to encode")
         resources = ray.cluster_resources()
-        plan = plan_pool(cfg, resources, _node_cpus(),
+        plan = plan_pool(cfg, resources, nodes=_nodes(),
                          max_blocks=math.ceil(rows * (3 + cfg.max_candidates) / cfg.block_texts))
         for note in plan.notes:
             log.warning("encode: %s", note)

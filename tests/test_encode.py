@@ -258,6 +258,30 @@ def test_pool_plan_fits_small_machines():
     assert plan_pool(EncoderConfig(), {"CPU": 64.0, "memory": 64 * GiB}, max_blocks=3).max_actors == 3  # little work
 
 
+def test_pool_plan_budgets_each_node():
+    """Configuration only: 1.25-CPU actors fit a 16-CPU cluster as a whole, but on eight 2-CPU
+    nodes each would leave 0.75 CPU, and Ray Data's 1-CPU ListFiles/read tasks never start."""
+    from harnessrl.pipelines.encode import plan_pool
+
+    nodes = [{"CPU": 2.0, "memory": 8 * GiB} for _ in range(8)]
+    cluster = {"CPU": 16.0, "memory": 64 * GiB}
+    for p in (plan_pool(EncoderConfig(cpus_per_actor=1.25), cluster, nodes=nodes),
+              plan_pool(EncoderConfig(cpus_per_actor=1.25), cluster, node_cpus=2)):
+        assert p.cpus_per_actor <= 1.0 and p.notes  # one CPU left on every node
+        assert p.max_actors == 8  # one actor per node
+        assert 2 - (p.max_actors // len(nodes)) * p.cpus_per_actor >= 1
+    p = plan_pool(EncoderConfig(actors=16, cpus_per_actor=1), cluster, nodes=nodes)  # two per node: half a CPU each
+    assert (p.max_actors, p.cpus_per_actor) == (16, 0.5) and p.notes
+    # mixed sizes: the share fits the big node; the small one takes none of them
+    p = plan_pool(EncoderConfig(cpus_per_actor=1.25), {"CPU": 18.0, "memory": 64 * GiB},
+                  nodes=[{"CPU": 2.0}, {"CPU": 16.0}])
+    assert (p.cpus_per_actor, p.max_actors) == (1.25, 12)
+    # GPUs are counted per node too: 0.5 GPU each on two 1-GPU nodes
+    p = plan_pool(EncoderConfig(gpus_per_actor=0.5), {"CPU": 32.0, "GPU": 2.0, "memory": 200 * GiB},
+                  nodes=[{"CPU": 16.0, "GPU": 1.0}, {"CPU": 16.0, "GPU": 1.0}])
+    assert p.max_actors == 4
+
+
 def test_gpu_options_validated_on_cpu():
     """Configuration only: no GPU is used."""
     from harnessrl.pipelines.encode import plan_pool
