@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import math
 import os
 import random
 import socket
@@ -42,6 +41,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from harnessrl.metrics import wilson_interval
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
@@ -51,27 +52,13 @@ REDUCED_SCORERS = ("critic", "mix", "random", "bc", "expert")
 DEFAULT_FAMILIES = ("coin", "sorting", "arithmetic", "mapreader", "twc", "peckingorder")
 REDUCED_FAMILIES = ("arithmetic", "sorting")
 TIERS = {"id": "train", "ood": "test"}
-Z95 = 1.959963984540054
 
 
 # ---- statistics --------------------------------------------------------------------------------
-def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion k/n."""
-    if n == 0:
-        return 0.0, 1.0
-    p = k / n
-    den = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    lo, hi = max(0.0, centre - half), min(1.0, centre + half)
-    # exact at the ends (floating point leaves 1 - 1e-16 otherwise)
-    return (0.0 if k == 0 else lo), (1.0 if k == n else hi)
-
-
 def summarise(episodes: list[dict]) -> dict[str, Any]:
     n = len(episodes)
     k = sum(e["success"] for e in episodes)
-    lo, hi = wilson(k, n)
+    lo, hi = wilson_interval(k, n)
     won = [e["steps"] for e in episodes if e["success"]]
     scored = sum(e["decisions"] for e in episodes)
     return {
@@ -167,11 +154,10 @@ class CriticClient:
 
         self.client = httpx.Client(base_url=url, timeout=timeout)
 
-    def score(self, state: dict, candidates: list[str]) -> tuple[int, bool]:
+    def score(self, state: dict, candidates: list[str]) -> dict:
         r = self.client.post("/v1/score", json={"agent_id": "twx-bench", "state": state, "candidates": candidates})
         r.raise_for_status()
-        body = r.json()
-        return int(body["best_index"]), bool(body["fallback"])
+        return r.json()
 
     def close(self) -> None:
         self.client.close()
@@ -197,6 +183,8 @@ def play(engine, scorer: str, family: str, fold: str, seed: int, max_steps: int,
     actions: list[str] = []
     score = float(info["score"])
     fallbacks = decisions = 0
+    ood: list[bool | None] = []  # the service's flag per decision (critic only)
+    chosen_scores: list[float] = []
     done = False
     for t in range(max_steps):
         candidates = [str(a) for a in info["validActions"]]
@@ -209,8 +197,11 @@ def play(engine, scorer: str, family: str, fold: str, seed: int, max_steps: int,
         elif agent == "random":
             action = rng.choice(candidates)
         elif agent == "critic":
-            best, fb = ctx["critic"].score(state, candidates)
-            action, fallbacks, decisions = candidates[best], fallbacks + fb, decisions + 1
+            body = ctx["critic"].score(state, candidates)
+            best = int(body["best_index"])
+            action, fallbacks, decisions = candidates[best], fallbacks + bool(body["fallback"]), decisions + 1
+            ood.append(body.get("ood"))
+            chosen_scores.append(float(body["scores"][best]))
         elif agent.startswith("bc"):
             scores = ctx[agent].scores(state, candidates)
             action = candidates[max(range(len(candidates)), key=scores.__getitem__)]
@@ -228,7 +219,8 @@ def play(engine, scorer: str, family: str, fold: str, seed: int, max_steps: int,
             break
     return {"scorer": scorer, "agent": agent, "family": family, "fold": fold, "seed": seed,
             "success": bool(info["tasksuccess"]), "steps": len(actions), "loop": has_loop(actions),
-            "fallbacks": fallbacks, "decisions": decisions, "actions": actions}
+            "fallbacks": fallbacks, "decisions": decisions, "actions": actions, "ood": ood,
+            "chosen_scores": chosen_scores}
 
 
 # ---- critic and BC -----------------------------------------------------------------------------
@@ -263,7 +255,7 @@ def build_bc(names: list[str], encoded_dir: str, episodes: dict[str, dict], step
     import numpy as np
 
     from harnessrl.encoders import load_encoder
-    from harnessrl.render import parse_request_state
+    from harnessrl.render import Layout, parse_request_state
     from twx_bc import BCScorer, encoder_identity, load_rows, train_bc
 
     rows = load_rows(encoded_dir)
@@ -275,7 +267,7 @@ def build_bc(names: list[str], encoded_dir: str, episodes: dict[str, dict], step
 
     def render(state):
         return parse_request_state(state, render_cfg["window"], render_cfg["max_chars"], render_cfg.get("max_tokens"),
-                                   render_cfg.get("tokenizer")).text
+                                   render_cfg.get("tokenizer"), Layout.from_config(render_cfg)).text
 
     # The pipeline's ingest table (beside `encoded/`) maps its episode ids to the logs' records.
     import pyarrow.dataset as pads
@@ -297,6 +289,69 @@ def build_bc(names: list[str], encoded_dir: str, episodes: dict[str, dict], step
         out[name] = BCScorer(net, encode, render)
         print(f"[twx-bench] {name}: {info[name]}", flush=True)
     return {"scorers": out, "info": info}
+
+
+def model_meta(uri: str) -> dict:
+    """The critic's stored meta (render settings, lineage) without loading its encoder."""
+    from harnessrl import registry
+    from harnessrl.model_files import load_critic_files
+
+    return load_critic_files(registry.resolve(uri)["path"] if uri.startswith("models:/") else uri)[1]
+
+
+# ---- diagnosis ---------------------------------------------------------------------------------
+def write_diagnosis(results: dict, out_dir: Path, log_to_mlflow: bool = True) -> Path:
+    """The run's diagnosis report (harnessrl.diagnosis): closed-loop findings per tier (the
+    critic's action loops, the service's OOD flags, its success against the behaviour mix and
+    random on the same seeds), the success table as metrics, the critic's learning curves from its
+    training run and the distribution of the scores of the actions it chose. Logged to MLflow
+    (experiment `twx-bench`) beside the markdown and PNGs on disk."""
+    import dataclasses
+
+    from harnessrl import diagnosis
+
+    episodes, cfg = results["episodes"], results["config"]
+    findings = []
+    for tier in cfg["tiers"]:
+        in_tier = [e for e in episodes if e["tier"] == tier]
+        findings += [dataclasses.replace(f, name=f"{f.name} [{tier}]", evidence=f"{tier} tier: {f.evidence}")
+                     for f in diagnosis.closed_loop_findings(in_tier)]
+    figures: dict[str, Any] = {}
+    for key, m in results["table"].items():
+        scorer, tier, family = key.split("|")
+        if family == "all":
+            figures[f"{tier}/{scorer}"] = {"success": m["success"], "ci95_low": m["ci95"][0], "ci95_high": m["ci95"][1],
+                                           "loop_rate": m["loop_rate"], "episodes": m["episodes"]}
+    critic_eps = [e for e in episodes if e["scorer"] == "critic"]
+    flags = [f for e in critic_eps for f in e.get("ood") or [] if f is not None]
+    if flags:
+        figures["critic_ood_rate"] = sum(flags) / len(flags)
+    curves = {}
+    if cfg.get("model") and critic_eps:
+        from harnessrl.jobs.evaluate import training_curves
+
+        try:
+            curves = training_curves(model_meta(cfg["model"]))
+        except Exception as exc:  # a report without curves is still a report
+            print(f"[twx-bench] no learning curves: {exc}", flush=True)
+    arrays = {"q": [x for e in critic_eps for x in e.get("chosen_scores") or []]}
+    report = diagnosis.render_report(findings, figures, curves, arrays, out_dir,
+                                     title="harnessrl diagnosis: closed-loop TextWorldExpress benchmark")
+    if log_to_mlflow:
+        import math
+
+        import mlflow
+
+        from harnessrl import metrics, registry
+
+        with mlflow.start_run(experiment_id=registry.ensure_experiment("twx-bench"), run_name="twx-bench") as run:
+            mlflow.log_metrics({k: float(v) for k, v in metrics.flatten(figures).items()
+                                if isinstance(v, (int, float)) and math.isfinite(v)})
+            mlflow.log_dict({"findings": [f.to_dict() for f in findings]}, "findings.json")
+            mlflow.log_artifacts(str(out_dir), artifact_path="diagnosis")
+            results["mlflow_run_id"] = run.info.run_id
+    results["findings"] = [f.to_dict() for f in findings]
+    return report
 
 
 # ---- presentation ------------------------------------------------------------------------------
@@ -361,6 +416,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--work-dir", help="where a trained pipeline writes (default: a temp dir)")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--markdown", help="write the markdown table here")
+    p.add_argument("--report", help="diagnosis report folder (default: <work dir>/diagnosis)")
     p.add_argument("--from-json", help="only print/write the tables of an earlier run's --json")
     return p.parse_args(argv)
 
@@ -416,16 +472,18 @@ def run(args: argparse.Namespace) -> dict:
     ctx: dict[str, Any] = {}
     bc_info = None
     if need_bc:
-        from harnessrl.config import RenderConfig, load_pipeline
+        from harnessrl.config import load_pipeline
 
-        render_cfg = load_pipeline(ROOT / "pipelines" / "quickstart.yaml").render.model_dump()
+        # BC sees states rendered as the encoded data's were: the critic's settings when there is
+        # one (trained here or given), else the quickstart's with this run's overrides
+        render_cfg = (model_meta(model_uri)["render"] if model_uri
+                      else load_pipeline(ROOT / "pipelines" / "quickstart.yaml", args.set).render.model_dump())
         t0 = time.time()
         torch.set_num_threads(2)
         built = build_bc(need_bc, encoded, by_episode, bc_steps, render_cfg)
         ctx.update(built["scorers"])
         bc_info = built["info"]
         timings["train_bc"] = time.time() - t0
-        del RenderConfig
     torch.set_num_threads(1)
 
     serving = None
@@ -478,7 +536,7 @@ def run(args: argparse.Namespace) -> dict:
     return {
         "config": {"families": families, "tiers": tiers, "scorers": scorers, "seeds_per_family": n_seeds,
                    "max_steps": max_steps, "model": model_uri, "encoded": encoded, "bc_steps": bc_steps,
-                   "reduced": args.reduced, "argv": sys.argv[1:]},
+                   "reduced": args.reduced, "argv": sys.argv[1:], "work_dir": str(work)},
         "seeds": {f"{t}|{f}": s for (t, f), s in seeds.items()},
         "table": table, "training": training, "bc": bc_info,
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
@@ -504,6 +562,10 @@ def main(argv: list[str] | None = None) -> int:
         results = json.loads(Path(args.from_json).read_text())
     else:
         results = run(args)
+    if not args.from_json:
+        report = write_diagnosis(results, Path(args.report or Path(results["config"]["work_dir"]) / "diagnosis"))
+        results["report"] = str(report)
+        print(f"[twx-bench] diagnosis report: {report} ({len(results['findings'])} findings)", flush=True)
     overall, rows = table_rows(results, overall_only=True), table_rows(results)
     print("overall per tier:\n" + text_table(overall) + "\n\nper family:\n" + text_table(rows))
     print(f"[twx-bench] wall time {results['timings_s']}")

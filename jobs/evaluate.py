@@ -127,8 +127,9 @@ def _episode_selection(rows: list[dict], q: np.ndarray) -> dict[str, float]:
     return metrics.selection_lift(tasks, scores, ok)
 
 
-def _training_curves(critic) -> dict[str, list[tuple[int, float]]]:
-    run_id = (critic.meta.get("lineage") or {}).get("mlflow_run_id")
+def training_curves(meta: dict) -> dict[str, list[tuple[int, float]]]:
+    """Learning curves of the model's training run (from its MLflow run), {} when out of reach."""
+    run_id = (meta.get("lineage") or {}).get("mlflow_run_id")
     if not run_id:
         return {}
     from harnessrl import registry
@@ -162,10 +163,49 @@ def _findings(critic, rows, values, scale, curves) -> list:
     return [f for f in found if f is not None]
 
 
+def training_groups(meta: dict) -> set[str] | None:
+    """Task groups (`group_id`) of the model's training transitions; None when the model does not
+    name them or they are out of reach (moved, deleted, another machine)."""
+    import pyarrow.dataset as pads
+
+    path = (meta.get("lineage") or {}).get("transitions")
+    if not path:
+        return None
+    try:
+        fs, p = storage.filesystem(path)
+        column = pads.dataset(p, filesystem=fs, format="parquet").to_table(columns=["group_id"]).column(0)
+    except (OSError, ValueError) as exc:
+        log.warning("evaluate: cannot read the training transitions at %s (%s): task overlap not checked", path, exc)
+        return None
+    return {g for g in column.to_pylist() if g is not None}
+
+
+def _held_out(rows: list[dict], meta: dict, include_seen: bool) -> tuple[list[dict], dict[str, float]]:
+    """Rows of task groups the model never trained on (DESIGN §7: no task in both splits)."""
+    seen = training_groups(meta)
+    if seen is None:
+        return rows, {"seen_groups_checked": 0.0}
+    groups = {r["group_id"] for r in rows}
+    overlap = groups & seen
+    figures = {"seen_groups_checked": 1.0, "seen_groups": float(len(overlap)), "groups": float(len(groups))}
+    if include_seen or not overlap:
+        return rows, figures
+    kept = [r for r in rows if r["group_id"] not in overlap]
+    if not kept:
+        raise DataError(f"all {len(groups)} task groups of the evaluation data were in the model's training data: "
+                        "evaluate on other tasks, or pass --include-seen to score them anyway (optimistic figures)")
+    log.info("evaluate: dropped %d of %d task groups seen in training (%d of %d steps)", len(overlap), len(groups),
+             len(rows) - len(kept), len(rows))
+    return kept, figures
+
+
 def evaluate(model_uri: str, sources: list[str], fmt: str = "auto", out_dir: str | None = None,
              max_steps: int | None = None, log_to_mlflow: bool = True,
-             experiment: str = "harnessrl-evaluate") -> EvaluationResult:
-    """Score held-out logs with the critic at `model_uri`; returns metrics, findings and the report path."""
+             experiment: str = "harnessrl-evaluate", include_seen: bool = False) -> EvaluationResult:
+    """Score held-out logs with the critic at `model_uri`; returns metrics, findings and the report path.
+
+    Task groups the model trained on are left out (their figures would be optimistic) unless
+    `include_seen`; how many were is in the metrics (`seen_groups`)."""
     from harnessrl.config import RenderConfig
     from harnessrl.critic import Critic
     from harnessrl.pipelines.ingest import ingest
@@ -186,13 +226,14 @@ def evaluate(model_uri: str, sources: list[str], fmt: str = "auto", out_dir: str
     fs, path = storage.filesystem(storage.join(out, "transitions"))
     rows = sorted(pads.dataset(path, filesystem=fs, format="parquet").to_table().to_pylist(),
                   key=lambda r: (r["episode_id"], r["step_idx"]))
+    rows, split = _held_out(rows, critic.meta, include_seen)
     if max_steps:
         rows = rows[:max_steps]
     values = _critic_values(critic, rows)
     gamma = float(critic.meta["iql"]["gamma"])
     r = np.array([x["reward"] for x in rows])
     done = np.array([x["done"] for x in rows])
-    figures: dict[str, float] = {"steps": len(rows), "episodes": len({x["episode_id"] for x in rows})}
+    figures: dict[str, float] = {"steps": len(rows), "episodes": len({x["episode_id"] for x in rows}), **split}
     figures.update(metrics.td_error(values["q"], r, done, values["v_next"], gamma))
     figures.update(metrics.value_scale(values["v"], float(np.max(np.abs(r))) if len(r) else 1.0, gamma))
     figures["spearman_v_rtg"] = metrics.spearman(values["v"], [x["return_to_go"] for x in rows])
@@ -205,7 +246,7 @@ def evaluate(model_uri: str, sources: list[str], fmt: str = "auto", out_dir: str
     per_task: dict[str, int] = {}
     for x in rows:
         per_task[x["task_id"]] = per_task.get(x["task_id"], 0) + 1
-    curves = _training_curves(critic)
+    curves = training_curves(critic.meta)
     findings = _findings(critic, rows, values, per_task, curves)
     report = diagnosis.render_report(
         findings, figures, curves,

@@ -118,6 +118,8 @@ def _train_and_register(cfg: PipelineConfig, out: str, recipe, encoder: dict, di
     lineage_tags = {
         "dataset_digests": digests, "reward_recipe": recipe.name, "reward_recipe_hash": recipe.digest(),
         "git_sha": sha, "mlflow_run_id": run_id, "pipeline": cfg.name,
+        # where the training transitions are, so evaluation can keep their task groups out
+        "transitions": storage.join(out if storage.is_remote(out) else str(Path(out).resolve()), "transitions"),
     }
     meta = {"model_name": cfg.registry.model_name, "encoder": encoder, "render": cfg.render.model_dump(),
             "lineage": lineage_tags, "train_config": cfg.train.model_dump()}

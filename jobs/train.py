@@ -7,6 +7,7 @@ of steps whatever its shard size. Rank 0 writes checkpoints and logs metrics to 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import tempfile
@@ -139,6 +140,61 @@ class _Learners:
                    for name, lr in self.parts())
 
 
+class _Validation:
+    """Held-out task groups scored every `log_every` steps: the critic's TD error on transitions of
+    tasks it never trained on, |Q(s, a) - (r + gamma (1 - done) V(s'))| in scaled reward units.
+    Every rank scores the same data with the same (DDP-synchronised) weights, so all ranks agree
+    on the best step and on stopping early without talking to each other."""
+
+    CHUNK = 4096
+
+    def __init__(self, data: dict[str, np.ndarray], reward_scale: float, gamma: float, use_f: bool):
+        import torch
+
+        keys = ("state_emb", "action_emb", "next_state_emb", "reward", "done") + (("features",) if use_f else ())
+        self.t = {k: torch.from_numpy(data[k]) for k in keys}
+        self.t["reward"] = self.t["reward"] * reward_scale
+        self.gamma, self.n = gamma, len(data["reward"])
+        self.best_value, self.best_step, self.since_best = float("inf"), 0, 0
+        self.best: dict[str, dict] = {}  # learner name -> state dict copy of the best weights
+
+    def score(self, learners: _Learners) -> float:
+        import torch
+
+        net, t, total = learners.critic.core, self.t, 0.0
+        with torch.no_grad():
+            for i in range(0, self.n, self.CHUNK):
+                sl = slice(i, i + self.CHUNK)
+                q = net.q.min_q(t["state_emb"][sl], t["action_emb"][sl], t["features"][sl] if "features" in t else None)
+                target = t["reward"][sl] + self.gamma * (1 - t["done"][sl]) * net.v(t["next_state_emb"][sl])
+                total += float((q.float() - target.float()).abs().sum())
+        return total / self.n
+
+    def observe(self, step: int, value: float, learners: _Learners) -> None:
+        if value < self.best_value:
+            self.best_value, self.best_step, self.since_best = value, step, 0
+            self.best = {name: {k: v.detach().clone() for k, v in lr.core.state_dict().items()}
+                         for name, lr in learners.parts()}
+        else:
+            self.since_best += 1
+
+    def save(self, directory: str) -> dict[str, Any]:
+        from harnessrl.training_state import save_network_weights
+
+        for name, weights in self.best.items():
+            save_network_weights(directory, weights, f"best-{name}")
+        return {"best_step": self.best_step, "best_value": self.best_value, "since_best": self.since_best}
+
+    def restore(self, directory: str, state: dict[str, Any] | None, learners: _Learners) -> None:
+        from safetensors.torch import load_file
+
+        if not state or not state.get("best_step"):
+            return
+        self.best_value, self.best_step, self.since_best = state["best_value"], state["best_step"], state["since_best"]
+        self.best = {name: {k[4:]: v for k, v in load_file(os.path.join(directory, f"best-{name}.safetensors")).items()}
+                     for name, _ in learners.parts()}
+
+
 def _train_loop(config: dict[str, Any]) -> None:
     import ray.train
     import torch
@@ -166,11 +222,20 @@ def _train_loop(config: dict[str, Any]) -> None:
         t["tool_id"] = torch.tensor(tool_ids(config["tool_vocab"], data["tool"].tolist()))
     load_seconds = time.time() - load_start
 
+    val = None
+    if config.get("validation"):
+        val_data = load_arrays(ray.train.get_dataset_shard("val").iter_batches(batch_size=4096, batch_format="pyarrow"),
+                               candidates=False)
+        val = _Validation(val_data, config["reward_scale"], learners.cfg.gamma, use_f)
+
     start = 0
     checkpoint = ray.train.get_checkpoint()
     if checkpoint:
         with checkpoint.as_directory() as d:
             start = learners.load(d)
+            if val is not None:
+                with open(os.path.join(d, "state.json")) as fh:
+                    val.restore(d, json.load(fh).get("validation"), learners)
 
     mlflow_client = None
     if rank == 0 and config.get("mlflow_run_id"):
@@ -195,12 +260,17 @@ def _train_loop(config: dict[str, Any]) -> None:
             metrics.update({f"tool_{k}": v for k, v in learners.tools.update(
                 s, t["tool_id"][idx], r, s2, done, adv=learners.critic.advantage).items()})
         window.append(metrics)
-        last = step == config["steps"]
+        last = stop = step == config["steps"]
         if step % config["log_every"] == 0 or last:
             metrics = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
             metrics["q_abs_max"] = float(max(m["q_abs_max"] for m in window))
             metrics["steps_per_s"] = len(window) / max(time.time() - window_start, 1e-9)
             metrics["load_seconds"] = load_seconds
+            if val is not None:
+                metrics["val_td_error"] = val.score(learners)
+                val.observe(step, metrics["val_td_error"], learners)
+                metrics["val_best_step"] = float(val.best_step)
+                stop = last or bool(config.get("patience") and val.since_best >= config["patience"])
             window, window_start = [], time.time()
             if mlflow_client:
                 from mlflow.entities import Metric
@@ -208,13 +278,43 @@ def _train_loop(config: dict[str, Any]) -> None:
                 now = int(time.time() * 1000)
                 mlflow_client.log_batch(config["mlflow_run_id"],
                                         metrics=[Metric(f"train/{k}", v, now, step) for k, v in metrics.items()])
-        if step % config["checkpoint_every"] == 0 or last:
+        if step % config["checkpoint_every"] == 0 or stop:
             with tempfile.TemporaryDirectory() as tmp:
                 ckpt = None
                 if rank == 0:
-                    learners.save(tmp, step, {"reward_scale": config["reward_scale"]})
+                    extra = {"reward_scale": config["reward_scale"]}
+                    if val is not None:
+                        extra["validation"] = val.save(tmp)
+                    learners.save(tmp, step, extra)
                     ckpt = ray.train.Checkpoint.from_directory(tmp)
                 ray.train.report({"step": step, "resumed_from_step": start, **metrics}, checkpoint=ckpt)
+        if stop:  # every rank reaches the same decision (see _Validation)
+            break
+
+
+def split_validation(ds, fraction: float, seed: int) -> dict[str, Any]:
+    """{"train", "val"}: the encoded rows split by task group (harnessrl.metrics.split_by_group), so
+    that no task is in both and the held-out score is that of unseen tasks."""
+    import pyarrow.compute as pc
+
+    from harnessrl.errors import DataError
+    from harnessrl.metrics import split_by_group
+
+    groups = ds.select_columns(["group_id"]).to_pandas()["group_id"].astype(str).tolist()
+    _, held = split_by_group(groups, fraction, seed)
+    held_groups = pa.array(sorted({g for g, h in zip(groups, held) if h}), pa.string())
+    if len(held_groups) == 0 or held.all():
+        raise DataError(f"train.validation_fraction {fraction}: the data has {len(set(groups))} task group(s); "
+                        "validation needs two or more (set validation_fraction: 0)")
+
+    def part(batch: pa.Table, keep_held: bool) -> pa.Table:
+        mask = pc.is_in(pc.fill_null(pc.cast(batch["group_id"], pa.string()), "None"), value_set=held_groups)
+        return batch.filter(mask if keep_held else pc.invert(mask))
+
+    log.info("train: %d of %d task groups (%d of %d transitions) held out for validation", len(held_groups),
+             len(set(groups)), int(held.sum()), len(groups))
+    return {name: ds.map_batches(part, batch_format="pyarrow", fn_kwargs={"keep_held": name == "val"}).materialize()
+            for name in ("train", "val")}
 
 
 def reward_scale_for(returns: np.ndarray) -> float:
@@ -294,7 +394,7 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
     """
     import ray
     import torch
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     from harnessrl import settings, storage
@@ -316,6 +416,9 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
     feature_stats = ([data["features"].mean(0).tolist(), data["features"].std(0).tolist()] if feature_dim
                      else None)
     tool_head, vocab = _tool_head_config(cfg, data["tool"], iql.state_dim, defined_tools_of(ds))
+    datasets = {"train": ds}
+    if cfg.validation_fraction > 0:
+        datasets = split_validation(ds, cfg.validation_fraction, cfg.seed)
     use_gpu = cfg.gpus_per_worker > 0
     resources = {"CPU": cfg.cpus_per_worker, **({"GPU": cfg.gpus_per_worker} if use_gpu else {})}
     loop_config = {
@@ -324,7 +427,7 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
         "log_every": cfg.log_every, "checkpoint_every": cfg.checkpoint_every, "reward_scale": scale,
         "candidates_per_step": cfg.candidates_per_step,
         "threads": max(1, int(round(cfg.cpus_per_worker))), "mlflow_run_id": mlflow_run_id,
-        "tracking_uri": settings.tracking_uri(),
+        "tracking_uri": settings.tracking_uri(), "validation": "val" in datasets, "patience": cfg.patience,
     }
     log.info("train: IQL on %d transitions (%d history features, tool head: %s over %d tools), "
              "%d worker(s) x %s, %d steps", len(returns), feature_dim, tool_head["method"] if tool_head else "none",
@@ -339,7 +442,8 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
             checkpoint_config=CheckpointConfig(num_to_keep=2),
             failure_config=FailureConfig(max_failures=cfg.max_failures),
         ),
-        datasets={"train": ds},
+        datasets=datasets,
+        dataset_config=DataConfig(datasets_to_split=["train"]),  # every worker scores the whole "val"
     )
     result = trainer.fit()
     if result.checkpoint is None:
@@ -347,15 +451,23 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
     net = IQLNetwork(iql)
     tools_net = None
     with result.checkpoint.as_directory() as d:
-        load_network_weights(d, net)
+        with open(os.path.join(d, "state.json")) as fh:
+            validation = json.load(fh).get("validation")
+        best = "best-" if validation and validation.get("best_step") and cfg.select == "best" else ""
+        load_network_weights(d, net, name=f"{best}state")
         if tool_head:
             from harnessrl.algorithms.discrete import DiscreteConfig, DiscreteNetwork
 
             tools_net = DiscreteNetwork(DiscreteConfig(**tool_head))
-            load_network_weights(d, tools_net, name="tools")
+            load_network_weights(d, tools_net, name=f"{best}tools")
     net.eval()
     threshold = _fallback_threshold(net, data, scale, cfg.fallback_quantile, feature_dim > 0)
     metrics = {k: float(v) for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
+    if validation:
+        metrics.update({"val_best_step": float(validation["best_step"]), "val_best_td_error": validation["best_value"],
+                        "selected_step": float(validation["best_step"] if best else metrics.get("step", cfg.steps))})
+        log.info("train: held-out TD error best %.4f at step %d; exporting the %s weights (step %d)",
+                 validation["best_value"], validation["best_step"], cfg.select, int(metrics["selected_step"]))
     reference, ood_threshold = fit_reference(data["state_emb"], cfg.seed)
     save_critic(model_dir, net, {**meta, "iql": iql.to_dict(), "reward_scale": scale,
                                  "ood": {"threshold": ood_threshold, "n_reference": len(reference)},

@@ -26,7 +26,7 @@ def bench(pipeline_run, tmp_path_factory):
     argv = ["--reduced", "--model", "it-critic@champion",
             "--encoded", str(Path(pipeline_run["output_dir"]) / "encoded"),
             "--scorers", "critic,mix,random,bc,expert", "--bc-steps", "60",
-            "--json", str(out / "twx.json"), "--markdown", str(out / "twx.md")]
+            "--json", str(out / "twx.json"), "--markdown", str(out / "twx.md"), "--report", str(out / "diagnosis")]
     assert twx.main(argv) == 0
     return {"results": json.loads((out / "twx.json").read_text()), "markdown": (out / "twx.md").read_text(),
             "twx": twx}
@@ -84,14 +84,22 @@ def test_table_invariants(bench):
     assert "| scorer |" in bench["markdown"] and "critic" in bench["markdown"]
 
 
-def test_wilson_interval():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import twx
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
-    assert twx.wilson(0, 0) == (0.0, 1.0)
-    lo, hi = twx.wilson(5, 10)
-    assert lo < 0.5 < hi and abs((0.5 - lo) - (hi - 0.5)) < 1e-12
-    lo, hi = twx.wilson(10, 10)
-    assert hi == 1.0 and 0.6 < lo < 0.8  # 0.722
+def test_diagnosis_report_of_the_run(bench):
+    """The run's report holds the closed-loop findings its own table implies, and is in MLflow."""
+    import mlflow
+
+    res = bench["results"]
+    report = Path(res["report"])
+    text = report.read_text()
+    assert text.startswith("# harnessrl diagnosis") and (report.parent / "q_distribution.png").is_file()
+    names = {f["name"] for f in res["findings"]}
+    for tier in res["config"]["tiers"]:
+        critic, mix = res["table"][f"critic|{tier}|all"], res["table"][f"mix|{tier}|all"]
+        assert (f"closed_loop_gap [{tier}]" in names) == (critic["successes"] < mix["successes"])
+        assert (f"action_loops [{tier}]" in names) == (critic["loop_rate"] > 0)
+    for f in res["findings"]:
+        assert f["evidence"] in text
+    run = mlflow.get_run(res["mlflow_run_id"])
+    assert run.data.metrics["id/critic/success"] == res["table"]["critic|id|all"]["success"]
+    artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "diagnosis")}
+    assert "diagnosis/report.md" in artifacts

@@ -174,3 +174,35 @@ def test_render_report_without_data_draws_nothing_and_says_so(tmp_path):
 def test_render_report_rejects_unpaired_value_and_return(tmp_path):
     with pytest.raises(ValueError):
         D.render_report([], {}, None, {"value": [1.0, 2.0], "return_to_go": [1.0]}, tmp_path)
+
+
+def test_served_ood_reads_the_service_flags():
+    assert D.served_ood([True] + [False] * 9).severity == "warn"
+    f = D.served_ood([True] * 6 + [False] * 4 + [None] * 5)  # unknown flags are not counted
+    assert f.severity == "error" and f.measures["ood_rate"] == 0.6 and f.measures["decisions"] == 10
+    assert D.served_ood([True] + [False] * 19) is None
+    assert D.served_ood([None, None]) is None and D.served_ood([]) is None
+
+
+def test_closed_loop_gap_separates_noise_from_a_real_gap():
+    real = D.closed_loop_gap(2, 18, 16, 18)  # [0.03, 0.33] vs [0.67, 0.97]
+    assert real.severity == "error" and real.measures["separated"] == 1.0
+    assert abs(real.measures["gap"] - 14 / 18) < 1e-12
+    noisy = D.closed_loop_gap(7, 18, 11, 18)  # 0.39 vs 0.61: the intervals overlap
+    assert noisy.severity == "warn" and "overlap" in noisy.evidence
+    assert D.closed_loop_gap(11, 18, 11, 18) is None and D.closed_loop_gap(12, 18, 11, 18) is None
+    assert D.closed_loop_gap(0, 0, 3, 4) is None
+
+
+def test_closed_loop_findings_of_played_episodes():
+    loop = ["go north", "go south"] * 3
+    episodes = ([{"scorer": "critic", "success": False, "actions": loop, "ood": [True, False]}] * 8
+                + [{"scorer": "critic", "success": True, "actions": ["a", "b"], "ood": [False, False]}] * 2
+                + [{"scorer": "mix", "success": True, "actions": ["a"]}] * 10
+                + [{"scorer": "random", "success": False, "actions": ["a"]}] * 10)
+    by_name = {f.name: f for f in D.closed_loop_findings(episodes)}
+    assert set(by_name) == {"action_loops", "ood_rate", "closed_loop_gap"}  # random does worse: no finding
+    assert by_name["action_loops"].measures["loop_rate"] == 0.8
+    assert by_name["ood_rate"].measures["ood_rate"] == 0.4
+    assert by_name["closed_loop_gap"].severity == "error" and "mix" in by_name["closed_loop_gap"].evidence
+    assert D.closed_loop_findings([e for e in episodes if e["scorer"] != "critic"]) == []

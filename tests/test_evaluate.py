@@ -38,6 +38,27 @@ def test_metrics_are_computed(result):
     assert 0 <= m["tool_entropy_norm"] <= 1 and 0 <= m["invalid_tool_rate"] <= 1
     assert m["latency_p50_ms"] <= m["latency_p99_ms"]
     assert m["spearman_v_rtg"] > 0  # a trained V orders held-out states by what followed them
+    assert m["seen_groups_checked"] == 1 and m["seen_groups"] == 0  # test-fold seeds: no task in both
+
+
+def test_task_groups_seen_in_training_are_left_out(pipeline_run, sample_slice, tmp_path):
+    from harnessrl.errors import DataError
+    from harnessrl.jobs.evaluate import evaluate
+
+    train_lines = sample_slice["train"].read_bytes().splitlines(keepends=True)[:3]
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_bytes(b"".join(train_lines) + sample_slice["test"].read_bytes())
+    groups = {json.loads(line)["group_id"] for line in train_lines}
+    r = evaluate(f"models:/{MODEL}@champion", [str(mixed)], "auto", str(tmp_path / "eval"), log_to_mlflow=False)
+    assert r.metrics["seen_groups"] == len(groups) and r.metrics["episodes"] == TEST_EPISODES
+    test_groups = {json.loads(line)["group_id"] for line in sample_slice["test"].read_bytes().splitlines()}
+    assert r.metrics["groups"] == len(test_groups | groups)
+    with pytest.raises(DataError, match="--include-seen"):
+        evaluate(f"models:/{MODEL}@champion", [str(sample_slice["train"])], "auto", str(tmp_path / "seen"),
+                 log_to_mlflow=False)
+    kept = evaluate(f"models:/{MODEL}@champion", [str(sample_slice["train"])], "auto", str(tmp_path / "kept"),
+                    max_steps=40, log_to_mlflow=False, include_seen=True)
+    assert kept.metrics["seen_groups"] == kept.metrics["groups"] > 0 and kept.metrics["steps"] == 40
 
 
 def test_report_and_mlflow_run(result):

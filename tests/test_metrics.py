@@ -211,3 +211,14 @@ def test_format_table_aligns_flattens_and_formats():
     assert lines[1].split() == ["metric", "value"]
     assert [line.split() for line in lines[3:]] == [["td/mae", "0.1235"], ["n_tasks", "3"], ["lift", "n/a"]]
     assert len({len(line) for line in lines[1:]}) == 1  # every row the same width: aligned
+
+
+def test_wilson_interval():
+    assert M.wilson_interval(0, 0) == (0.0, 1.0)
+    lo, hi = M.wilson_interval(5, 10)
+    assert lo < 0.5 < hi and abs((0.5 - lo) - (hi - 0.5)) < 1e-12  # symmetric at p = 0.5
+    lo, hi = M.wilson_interval(10, 10)
+    assert hi == 1.0 and abs(lo - 0.7225) < 1e-3  # 10/10 is not certainty
+    lo, hi = M.wilson_interval(0, 18)
+    assert lo == 0.0 and abs(hi - 0.1759) < 1e-3
+    assert M.wilson_interval(7, 18)[1] < M.wilson_interval(17, 18)[0]  # 0.39 vs 0.94: separated

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from harnessrl.errors import ConfigError
-from harnessrl.render import Turn, render_state, state_from_request
+from harnessrl.render import Layout, Turn, render_state, state_from_request
 from harnessrl.rewards import RewardRecipe
 from harnessrl.transitions import episode_transitions
 
@@ -175,3 +175,79 @@ def test_serving_request_reproduces_training_state(window, max_chars):
             "observation": OBS[t],
         }
         assert state_from_request(request, window, max_chars) == rows[t]["state_text"]
+
+
+# ---- layout: pinned results, the list of actions done, observation first -------------------------
+MAP_HISTORY = [Turn("read map", "map: kitchen east, garden north"), Turn("go east", "kitchen"),
+               Turn("take pan", "taken"), Turn("go west", "hall"), Turn("read map", "map: garden north only"),
+               Turn("go north", "garden"), Turn("look", "a garden")]
+
+
+def test_pinned_result_outlives_the_window():
+    plain = render_state("t", MAP_HISTORY, "a garden", window=2)
+    assert "map:" not in plain
+    text = render_state("t", MAP_HISTORY, "a garden", window=2, layout=Layout(pin=("READ MAP",)))
+    # the latest result of the pinned action, once, right after the task and observation
+    assert text.splitlines()[:3] == ["Task: t", "Now: a garden", "Pinned > read map: map: garden north only"]
+    assert text.count("Pinned") == 1
+    globbed = render_state("t", MAP_HISTORY, "a garden", window=2, layout=Layout(pin=("read *", "take *")))
+    assert [line for line in globbed.splitlines() if line.startswith("Pinned")] == [
+        "Pinned > read map: map: garden north only", "Pinned > take pan: taken"]
+    assert "Pinned" not in render_state("t", MAP_HISTORY, "a garden", window=2, layout=Layout(pin=("open *",)))
+
+
+def test_pin_skips_the_result_shown_as_the_observation():
+    history = [Turn("go east", "kitchen"), Turn("read map", "the map")]
+    assert "Pinned" not in render_state("t", history, "the map", layout=Layout(pin=("read map",)))
+
+
+def test_done_list_counts_repeats_in_order_of_first_use():
+    text = render_state("t", MAP_HISTORY + [Turn("look", "a garden")], "a garden", window=1,
+                        layout=Layout(list_actions=True))
+    assert "Done: read map (x2); go east; take pan; go west; go north; look (x2)" in text.splitlines()
+    assert "Done" not in render_state("t", [], "start", layout=Layout(list_actions=True))
+
+
+def test_observation_first():
+    text = render_state("t", MAP_HISTORY[:1], "hall", layout=Layout(observation_first=True))
+    assert text.splitlines()[:2] == ["Now: hall", "Task: t"]
+
+
+def test_layout_reproduced_by_the_served_critic():
+    """The pipeline's stage and a served Critic (layout from the model's `render` meta, as the
+    pipeline stores it) give byte-identical states and the same history features."""
+    import json
+
+    import pyarrow as pa
+
+    from harnessrl import schemas
+    from harnessrl.algorithms.iql import IQLConfig, IQLNetwork
+    from harnessrl.config import parse_pipeline
+    from harnessrl.critic import Critic
+    from harnessrl.encoders import BUILTIN_MINILM, encoder_identity
+    from harnessrl.features import features_for
+    from harnessrl.pipelines.transitions import _build
+
+    cfg = parse_pipeline({"data": {"train": ["x"]}, "render": {
+        "window": 2, "pin": ["read map"], "list_actions": True, "observation_first": True, "tool_from": "first_word"}})
+    obs = ["hall", *[t.result for t in MAP_HISTORY]]
+    steps = [{"episode_id": "e", "step_idx": i, "obs_text": obs[i], "action_text": t.action, "action_reasoning": "",
+              "tool_calls": [], "result_text": "", "reward": None, "candidates": ["look", t.action], "info": "{}",
+              "terminated": i == len(MAP_HISTORY) - 1, "truncated": False} for i, t in enumerate(MAP_HISTORY)]
+    episode = {"episode_id": "e", "task_id": "t", "group_id": "t", "task_text": "find the garden", "terminated": True,
+               "outcome_success": True, "outcome_score": None, "tool_definitions": "[]"}
+    rows = sorted(_build(pa.Table.from_pylist(steps, schema=schemas.STEPS), {"e": episode}, RewardRecipe(),
+                         cfg.render).to_pylist(), key=lambda r: r["step_idx"])
+    meta = {"encoder": json.loads(encoder_identity(BUILTIN_MINILM).to_json()), "iql": IQLConfig().__dict__,
+            "reward_scale": 1.0, "render": cfg.render.model_dump()}
+    critic = Critic(IQLNetwork(IQLConfig()).eval(), meta)
+    pinned = 0
+    for t, row in enumerate(rows):
+        request = {"task": "find the garden", "observation": obs[t],
+                   "history": [{"action": MAP_HISTORY[i].action, "observation": obs[i + 1]} for i in range(t)]}
+        parsed = critic.parse_state(request)
+        assert parsed.text == row["state_text"]
+        served = features_for(parsed.history, parsed.observation, [row["action_text"]], "first_word")[0]
+        assert served == pytest.approx(row["features"], rel=1e-6)  # the table stores float32
+        pinned += "Pinned > read map" in parsed.text
+    assert pinned >= 4 and rows[-1]["state_text"].startswith("Now: garden\nTask: find the garden")

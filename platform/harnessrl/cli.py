@@ -129,7 +129,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     init_ray(args.address)
     r = evaluate(model_uri(args.model), args.data, args.format, args.out, args.max_steps,
-                 log_to_mlflow=not args.no_mlflow)
+                 log_to_mlflow=not args.no_mlflow, include_seen=args.include_seen)
     if args.json:
         print(json.dumps(r.summary(), indent=2, default=str))
         return 0
@@ -267,6 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
                     choices=["native", "openai-chat", "openai-responses", "anthropic", "atif", "auto"])
     ev.add_argument("--out", help="local folder for the held-out tables and the report (default: a temp dir)")
     ev.add_argument("--max-steps", type=int, help="evaluate at most this many held-out steps")
+    ev.add_argument("--include-seen", action="store_true",
+                    help="also score task groups the model trained on (left out by default: optimistic figures)")
     ev.add_argument("--no-mlflow", action="store_true", help="do not log an evaluation run to MLflow")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")
     ev.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a local Ray)")

@@ -40,6 +40,11 @@ class RenderConfig(_Strict):
                                  "history is dropped first, the task and observation always kept (None: no budget)")
     tokenizer: str | None = Field(
         None, description="encoder whose tokenizer counts max_tokens; a pipeline sets it to encoder.model")
+    pin: list[str] = Field(
+        default_factory=list, description="glob patterns of actions (case-insensitive) whose latest result stays "
+                                          "in the state while the window slides, e.g. ['read map', 'cat *']")
+    list_actions: bool = Field(False, description="a `Done:` line with every action taken so far and repeat counts")
+    observation_first: bool = Field(False, description="the current observation before the task")
 
 
 class EncoderConfig(_Strict):
@@ -108,6 +113,13 @@ class TrainConfig(_Strict):
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
         "PACK", description="where Ray Train puts the workers: PACK fills a node first; SPREAD one per node")
     checkpoint_every: int = Field(500, ge=1)
+    validation_fraction: float = Field(
+        0.0, ge=0, lt=1, description="share of task groups (group_id) kept out of training to score the critic every "
+                                     "log_every steps (held-out TD error); 0: no validation")
+    select: Literal["best", "last"] = Field(
+        "best", description="with validation: export the weights of the best validation score, or the last")
+    patience: int | None = Field(
+        None, ge=1, description="with validation: stop after this many validations without improvement")
     max_failures: int = Field(2, ge=0, description="worker-group restarts from the last checkpoint")
     log_every: int = Field(100, ge=1)
     fallback_quantile: float = Field(0.1, ge=0, le=1)

@@ -24,7 +24,7 @@ from harnessrl.errors import ModelError
 from harnessrl.features import features_for
 from harnessrl.model_files import load_critic_files, load_ood_reference, load_tool_head
 from harnessrl.ood import is_ood
-from harnessrl.render import RequestState, parse_request_state
+from harnessrl.render import Layout, RequestState, parse_request_state
 
 State = str | dict[str, Any]
 
@@ -108,7 +108,8 @@ class Critic:
 
     def parse_state(self, state: State) -> RequestState:
         return parse_request_state(state, self.render["window"], self.render["max_chars"],
-                                   self.render.get("max_tokens"), self.render.get("tokenizer"))
+                                   self.render.get("max_tokens"), self.render.get("tokenizer"),
+                                   Layout.from_config(self.render))
 
     def render_state(self, state: State) -> str:
         return self.parse_state(state).text

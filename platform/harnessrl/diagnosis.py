@@ -233,19 +233,74 @@ def thin_coverage(counts: Mapping[Hashable, int] | Sequence[int], min_count: int
                    {"thin_share": share, "thin": float(len(thin)), "keys": float(len(items))})
 
 
+def _ood_finding(rate: float, evidence: str, measures: dict[str, float], warn_rate: float,
+                 error_rate: float) -> Finding | None:
+    if math.isnan(rate) or rate < warn_rate:
+        return None
+    return Finding("ood_rate", "error" if rate >= error_rate else "warn", evidence,
+                   "check that serving renders and encodes states as training did (encoder identity, "
+                   "render window); retrain with the served decisions from the decision log; fall back "
+                   "on out-of-distribution states.",
+                   {"ood_rate": rate, **measures})
+
+
 def ood_rate(distances: Sequence[float], threshold: float, warn_rate: float = 0.1,
              error_rate: float = 0.5) -> Finding | None:
     """Served states far from the training data: there the critic extrapolates. Warn from 10%;
     error from 50%, when most decisions rest on extrapolation."""
     rate = M.ood_rate(distances, threshold)
-    if math.isnan(rate) or rate < warn_rate:
-        return None
     evidence = f"{rate:.1%} of {len(distances)} states are farther than {threshold:.4g} from the training data"
-    return Finding("ood_rate", "error" if rate >= error_rate else "warn", evidence,
-                   "check that serving renders and encodes states as training did (encoder identity, "
-                   "render window); retrain with the served decisions from the decision log; fall back "
-                   "on out-of-distribution states.",
-                   {"ood_rate": rate, "threshold": float(threshold)})
+    return _ood_finding(rate, evidence, {"threshold": float(threshold)}, warn_rate, error_rate)
+
+
+def served_ood(flags: Sequence[bool], warn_rate: float = 0.1, error_rate: float = 0.5) -> Finding | None:
+    """The same finding from the `ood` flags the service returned (closed-loop play, the decision
+    log), where the distances stay inside the service."""
+    known = [bool(f) for f in flags if f is not None]
+    rate = float(np.mean(known)) if known else float("nan")
+    evidence = f"the service flagged {rate:.1%} of {len(known)} decisions out of distribution"
+    return _ood_finding(rate, evidence, {"decisions": float(len(known))}, warn_rate, error_rate)
+
+
+def closed_loop_gap(successes: int, episodes: int, baseline_successes: int, baseline_episodes: int,
+                    scorer: str = "critic", baseline: str = "behaviour mix") -> Finding | None:
+    """The scorer succeeds less often than a baseline played on the same seeds. Error when the
+    95% Wilson intervals do not overlap (a real gap), warn when only the point estimate is lower
+    (could be noise at this n: play more seeds)."""
+    if not episodes or not baseline_episodes:
+        return None
+    p, q = successes / episodes, baseline_successes / baseline_episodes
+    if p >= q:
+        return None
+    hi = M.wilson_interval(successes, episodes)[1]
+    base_lo = M.wilson_interval(baseline_successes, baseline_episodes)[0]
+    separated = hi < base_lo
+    evidence = (f"{scorer} succeeds in {successes}/{episodes} ({p:.0%}) against {baseline} {baseline_successes}/"
+                f"{baseline_episodes} ({q:.0%}) on the same seeds; the 95% intervals "
+                + ("do not overlap" if separated else "overlap"))
+    return Finding("closed_loop_gap", "error" if separated else "warn", evidence,
+                   "following the critic is worse than what the logs already do: check the action_loops "
+                   "and aliased_states findings (the state text may hide what decides the outcome), add "
+                   "history features, widen the render window or pin key observations; compare offline "
+                   "top-1 with this figure (offline top-1 does not predict closed-loop success).",
+                   {"success": p, "baseline_success": q, "gap": q - p, "separated": float(separated)})
+
+
+def closed_loop_findings(episodes: Sequence[Mapping[str, Any]], scorer: str = "critic",
+                         baselines: Sequence[str] = ("mix", "random")) -> list[Finding]:
+    """Findings of closed-loop play: episodes are dicts with `scorer`, `success`, `actions` and,
+    for a served scorer, `ood` (flags of its decisions). Loops and OOD are read from `scorer`'s
+    episodes; its success is compared with each baseline that played."""
+    own = [e for e in episodes if e["scorer"] == scorer]
+    if not own:
+        return []
+    k = sum(bool(e["success"]) for e in own)
+    found = [action_loops([e["actions"] for e in own]),
+             served_ood([f for e in own for f in e.get("ood") or []])]
+    for name in baselines:
+        base = [e for e in episodes if e["scorer"] == name]
+        found.append(closed_loop_gap(k, len(own), sum(bool(e["success"]) for e in base), len(base), scorer, name))
+    return [f for f in found if f is not None]
 
 
 # ---- report -----------------------------------------------------------------------------------

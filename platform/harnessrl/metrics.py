@@ -238,6 +238,19 @@ def ood_rate(distances: Sequence[float], threshold: float) -> float:
     return _share(_floats(distances) > threshold)
 
 
+def wilson_interval(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    """Wilson score interval (95% by default) for a success rate k/n: unlike the normal
+    approximation it stays inside [0, 1] and is honest for the small n of closed-loop runs."""
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    den = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    # exact at the ends (floating point leaves 1 - 1e-16 otherwise)
+    return (0.0 if k == 0 else max(0.0, centre - half)), (1.0 if k == n else min(1.0, centre + half))
+
+
 def has_loop(actions: Sequence[str], max_period: int = 3, min_repeats: int = 3) -> bool:
     """True when some cycle of 1..max_period actions repeats min_repeats times back to back."""
     acts = list(actions)

@@ -2,13 +2,16 @@
 
 A state is what the agent knew when it decided: the task, the last few (action, result)
 pairs, and the current observation, written as text within a character budget and, optionally,
-a token budget measured with the encoder's tokenizer (harnessrl.tokens).
+a token budget measured with the encoder's tokenizer (harnessrl.tokens). A `Layout` adds what a
+sliding window loses: pinned results of chosen actions (a map, a recipe, a file listing read ten
+steps ago) and a compact list of every action taken so far.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from fnmatch import fnmatchcase
+from typing import Any, Mapping, Sequence
 
 from harnessrl.errors import ConfigError
 
@@ -19,20 +22,70 @@ class Turn:
     result: str
 
 
+@dataclass(frozen=True)
+class Layout:
+    """What a rendered state holds besides the task, the observation and the recent window.
+
+    pin: glob patterns over action texts (case-insensitive, e.g. `read map`, `cat *`); the latest
+      result of each matching action stays in the state while the window slides past it.
+    list_actions: a `Done:` line listing every action taken so far, in order of first use, with
+      a count when repeated (what was tried, and how often: the sign of a loop).
+    observation_first: the current observation before the task (an encoder that cuts at its
+      token limit then keeps what changed).
+    """
+
+    pin: tuple[str, ...] = ()
+    list_actions: bool = False
+    observation_first: bool = False
+
+    @classmethod
+    def from_config(cls, render: Mapping[str, Any]) -> "Layout":
+        """From a RenderConfig dump (a model's `render` meta; older models have no such keys)."""
+        return cls(tuple(render.get("pin") or ()), bool(render.get("list_actions")),
+                   bool(render.get("observation_first")))
+
+
+def _pinned(history: Sequence[Turn], observation: str, patterns: Sequence[str]) -> list[str]:
+    """`Pinned > action: result` for the latest turn matching each pattern, in pattern order; a
+    turn is pinned once, and not when its result is the current observation (shown as Now)."""
+    lines, used = [], set()
+    for pattern in patterns:
+        p = pattern.strip().lower()
+        for i in range(len(history) - 1, -1, -1):
+            if fnmatchcase(history[i].action.strip().lower(), p):
+                turn, result = history[i], history[i].result.strip()
+                if i not in used and result and not (i == len(history) - 1 and result == observation.strip()):
+                    lines.append(f"Pinned > {turn.action.strip()}: {result}")
+                used.add(i)
+                break
+    return lines
+
+
+def _done(history: Sequence[Turn]) -> list[str]:
+    counts: dict[str, int] = {}
+    for turn in history:
+        counts[turn.action.strip()] = counts.get(turn.action.strip(), 0) + 1
+    if not counts:
+        return []
+    return ["Done: " + "; ".join(a if n == 1 else f"{a} (x{n})" for a, n in counts.items())]
+
+
 def render_state(task: str, history: Sequence[Turn], observation: str, window: int = 4, max_chars: int = 2000,
-                 max_tokens: int | None = None, tokenizer: str | None = None) -> str:
-    """Render the decision context, most important first: task, current observation, then the
-    recent (action, result) pairs newest first. Encoders cut texts at a token limit, so what is
-    lost is the oldest history. The newest result is not repeated when it is the observation.
+                 max_tokens: int | None = None, tokenizer: str | None = None, layout: Layout = Layout()) -> str:
+    """Render the decision context, most important first: task, current observation (swapped by
+    `layout.observation_first`), the pinned results and the list of actions done (`layout`), then
+    the recent (action, result) pairs newest first. Encoders cut texts at a token limit, so what
+    is lost is the oldest history. The newest result is not repeated when it is the observation.
 
     `max_tokens` (with `tokenizer`, the encoder's): keep only as many of the recent pairs as fit
     in that many tokens of the encoder, special tokens included, so that the encoder cuts
-    nothing; the task and the observation are always kept. Then `max_chars` applies as before.
+    nothing; everything before the recent pairs is always kept. Then `max_chars` applies as before.
     """
     recent = list(history)[-window:] if window else []
     head = [f"Task: {task.strip()}"] if task.strip() else []
     if observation.strip():
-        head.append(f"Now: {observation.strip()}")
+        head.insert(0 if layout.observation_first else len(head), f"Now: {observation.strip()}")
+    head += _pinned(history, observation, layout.pin) + (_done(history) if layout.list_actions else [])
     turns = []
     for i in range(len(recent) - 1, -1, -1):
         turn = recent[i]
@@ -87,7 +140,7 @@ class RequestState:
 
 
 def parse_request_state(state: str | dict[str, Any], window: int, max_chars: int, max_tokens: int | None = None,
-                        tokenizer: str | None = None) -> RequestState:
+                        tokenizer: str | None = None, layout: Layout = Layout()) -> RequestState:
     """Already rendered text, or `{task, history[{action, observation}], observation}` rendered
     exactly as the transitions stage renders a logged step (the observation of a history item
     is the result of its action)."""
@@ -100,10 +153,11 @@ def parse_request_state(state: str | dict[str, Any], window: int, max_chars: int
         for h in state.get("history") or []
     )
     observation = str(state.get("observation", ""))
-    text = render_state(str(state.get("task", "")), history, observation, window, max_chars, max_tokens, tokenizer)
+    text = render_state(str(state.get("task", "")), history, observation, window, max_chars, max_tokens, tokenizer,
+                        layout)
     return RequestState(text, history, observation)
 
 
 def state_from_request(state: str | dict[str, Any], window: int, max_chars: int, max_tokens: int | None = None,
-                       tokenizer: str | None = None) -> str:
-    return parse_request_state(state, window, max_chars, max_tokens, tokenizer).text
+                       tokenizer: str | None = None, layout: Layout = Layout()) -> str:
+    return parse_request_state(state, window, max_chars, max_tokens, tokenizer, layout).text

@@ -66,3 +66,12 @@ def load_network_weights(directory: str | Path, net: torch.nn.Module, name: str 
 
     tensors = load_file(str(Path(directory) / _files(name)[0]))
     net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
+
+
+def save_network_weights(directory: str | Path, weights: dict[str, torch.Tensor], name: str) -> None:
+    """A network's state dict alone, readable by load_network_weights (e.g. the best-so-far weights
+    a checkpoint carries beside the resumable state)."""
+    from safetensors.torch import save_file
+
+    save_file({f"net.{k}": v.detach().cpu().contiguous() for k, v in weights.items()},
+              str(Path(directory) / _files(name)[0]))

@@ -9,7 +9,7 @@ from typing import Any
 
 from harnessrl.encoders import text_hash
 from harnessrl.features import action_features, defined_tools, features_for, tool_name
-from harnessrl.render import Turn, render_state
+from harnessrl.render import Layout, Turn, render_state
 from harnessrl.rewards import RewardRecipe
 
 
@@ -29,6 +29,7 @@ def episode_transitions(
     tool_from: str = "calls",
     max_tokens: int | None = None,
     tokenizer: str | None = None,
+    layout: Layout = Layout(),
 ) -> list[dict[str, Any]]:
     """States are rendered by `render_state` (budgets as there). `features` are the taken action's history features, `candidate_features` those of each
     untaken candidate in `untaken_candidates` order (the encode stage keeps a prefix of it)."""
@@ -54,7 +55,7 @@ def episode_transitions(
                 "step_idx": int(s["step_idx"]),
                 "task_id": episode.get("task_id"),
                 "group_id": episode.get("group_id"),
-                "state_text": render_state(task, turns[:t], obs, window, max_chars, max_tokens, tokenizer),
+                "state_text": render_state(task, turns[:t], obs, window, max_chars, max_tokens, tokenizer, layout),
                 "action_text": s["action_text"],
                 "tool": tool_name(s["action_text"], tool_from),
                 "defined_tools": defined,
@@ -62,7 +63,7 @@ def episode_transitions(
                 "reward": rewards[t],
                 "reward_components": components[t],
                 "next_state_text": render_state(task, turns[: t + 1], next_obs, window, max_chars, max_tokens,
-                                                tokenizer),
+                                                tokenizer, layout),
                 "done": bool(s.get("terminated")) or t == stop,
                 "truncated": bool(s.get("truncated")) and t != stop,
                 "return_to_go": rtg[t],
