@@ -12,7 +12,8 @@ Systems, run one after the other on the same machine, each with the same critic:
                  request on its own: no batching, no cache (one request at a time under a lock:
                  the Critic is not thread-safe; torch uses --baseline-threads threads)
   (a) harnessrl  serving.app.start(config=ServeConfig(...)): Ray Serve, @serve.batch, LRU
-                 embedding cache, 1 replica unless --replicas
+                 embedding cache, 1 replica unless --replicas; the encoder inline, or with
+                 --encoder as a deployment of its own (serve.encoder, 0.5 CPU)
 Load: a separate process (asyncio + httpx) so the client never shares a GIL with a server.
   closed loop  --agents agents, each sends its next request when the previous answer arrives,
                for --duration-s after --warmup-s (both systems)
@@ -395,7 +396,8 @@ def bench_harnessrl(args, model: str, work: Path) -> dict:
     try:
         t0 = time.perf_counter()
         cfg = ServeConfig(model=model, port=free_port(), replicas=args.replicas, max_batch_size=args.max_batch_size,
-                          batch_wait_timeout_s=args.batch_wait_s, reload_every_s=0)
+                          batch_wait_timeout_s=args.batch_wait_s, reload_every_s=0,
+                          encoder={"num_cpus": 0.5} if getattr(args, "encoder", False) else None)
         url = app.start(config=cfg)
         wait_healthy(url, args.start_timeout_s)
         warm_up(url, args.k, args.start_timeout_s)
@@ -404,7 +406,9 @@ def bench_harnessrl(args, model: str, work: Path) -> dict:
               flush=True)
         out["closed"] = run_load(url, "closed", args, work, args.duration_s)
         out["closed"]["embedding_cache"] = httpx.get(url + "/v1/model", timeout=10).json().get("embedding_cache")
-        out["closed"]["batch_size"] = batch_sizes(httpx.get(url + "/metrics", timeout=10).text)
+        prom = httpx.get(url + "/metrics", timeout=10).text
+        out["closed"]["batch_size"] = batch_sizes(prom)
+        out["closed"]["encoder_cache"] = encoder_cache(prom)
         rate = args.open_fraction * out["closed"]["throughput_rps"]
         if args.open_duration_s > 0 and rate > 0:
             print(f"(a) harnessrl open loop at {rate:.1f} req/s ({args.open_fraction} x closed-loop), "
@@ -433,6 +437,16 @@ def batch_sizes(prom: str) -> dict | None:
     return {"batches": int(count), "mean": round(total / count, 1)} if count else None
 
 
+def encoder_cache(prom: str) -> dict | None:
+    """The encoder deployment's LRU figures (encoder mode only)."""
+    found = {}
+    for line in prom.splitlines():
+        if line.startswith("harnessrl_encoder_cache_"):
+            name, value = line.rsplit(" ", 1)
+            found[name.removeprefix("harnessrl_encoder_cache_").removesuffix("_total")] = int(float(value))
+    return found or None
+
+
 def print_report(out: dict) -> None:
     a, b = out["harnessrl"], out["baseline"]
     rows = [("(a) harnessrl, closed loop", a["closed"]), ("(b) baseline, closed loop", b)]
@@ -440,7 +454,8 @@ def print_report(out: dict) -> None:
         rows.insert(1, (f"(a) harnessrl, open loop {a['open']['rate']:.1f}/s", a["open"]))
     print()
     print(f"{out['agents']} agents, K={out['k']} candidates, corpus {CORPUS} ({out['episodes']} episodes, "
-          f"{out['distinct_texts']} distinct state+candidate texts); model {out['model']}; {out['cpus']} CPUs")
+          f"{out['distinct_texts']} distinct state+candidate texts); model {out['model']}; {out['cpus']} CPUs; "
+          f"harnessrl encoder: {'a deployment of its own' if out.get('encoder') else 'inline'}")
     print(f"{'system':34s} {'ok':>6s} {'req/s':>7s} {'p50 ms':>8s} {'p99 ms':>8s} {'status':24s} {'unfin':>5s} "
           f"{'others CPU':>10s} {'load avg':>10s}")
     for name, r in rows:
@@ -452,6 +467,8 @@ def print_report(out: dict) -> None:
     if c.get("embedding_cache"):
         ec = c["embedding_cache"]
         print(f"harnessrl embedding cache after the closed loop: {ec}; /v1/score batches: {c.get('batch_size')}")
+    if c.get("encoder_cache"):
+        print(f"encoder deployment's cache after the closed loop: {c['encoder_cache']}")
     ratio = c["throughput_rps"] / b["throughput_rps"] if b["throughput_rps"] else float("nan")
     lower_p99 = c["p99_ms"] is not None and b["p99_ms"] is not None and c["p99_ms"] < b["p99_ms"]
     out["ratio_throughput"] = round(ratio, 2)
@@ -487,6 +504,8 @@ def main() -> None:
     ap.add_argument("--train-episodes", type=int, default=40)
     ap.add_argument("--train-steps", type=int, default=50)
     ap.add_argument("--replicas", type=int, default=1)
+    ap.add_argument("--encoder", action="store_true",
+                    help="(a) with the encoder as a deployment of its own (serve.encoder, 0.5 CPU) instead of inline")
     ap.add_argument("--max-batch-size", type=int, default=32)
     ap.add_argument("--batch-wait-s", type=float, default=0.01)
     ap.add_argument("--baseline-threads", type=int, default=1,
@@ -536,7 +555,7 @@ def main() -> None:
     out: dict = {"agents": args.agents, "k": args.k, "duration_s": args.duration_s, "warmup_s": args.warmup_s,
                  "open_fraction": args.open_fraction, "model": model, "cpus": os.cpu_count(),
                  "episodes": len(episodes), "steps": len(reqs), "distinct_texts": len(distinct),
-                 "baseline_threads": args.baseline_threads, "replicas": args.replicas,
+                 "baseline_threads": args.baseline_threads, "replicas": args.replicas, "encoder": args.encoder,
                  "max_batch_size": args.max_batch_size, "batch_wait_s": args.batch_wait_s, "argv": sys.argv[1:]}
     out["baseline"] = bench_baseline(args, model, work)
     out["harnessrl"] = run_harnessrl_sub(args, model, work)

@@ -7,6 +7,10 @@ every feedback goes to the decision log off the request path. With `HARNESSRL_AP
 Bearer <token>`. A full queue answers 429 with Retry-After instead of growing latency; too many
 candidates answer 422 and too long a text 413, both naming the setting. Every setting comes from
 one `ServeConfig` (harnessrl.config), e.g. serving/serve.yaml. `GET /metrics` is Prometheus text.
+
+Encoding happens either in each critic replica (default) or, with `serve.encoder` set, in a
+separate encoder deployment (serving/encoder.py) that the critic replicas call through a
+DeploymentHandle with the texts their own LRU misses.
 """
 
 # No `from __future__ import annotations` here: FastAPI reads the request model from the
@@ -22,17 +26,32 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
+from fastapi import Depends, FastAPI, Header, HTTPException, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from ray import serve
 
 from harnessrl.config import ServeConfig
+from harnessrl.serving.batching import CONCURRENT_BATCHES
 from harnessrl.serving.api import (FeedbackRequest, FeedbackResponse, ModelInfo, ModelRef, ScoreRequest,
                                    ScoreResponse, SelectToolRequest, SelectToolResponse)
 
 log = logging.getLogger(__name__)
 APP_NAME = "harnessrl"
 api = FastAPI(title="harnessrl critic", version="1", description="Score candidate next actions for LLM agents.")
+
+
+async def _validation_error(request, exc):
+    """FastAPI's own 422 handler, except that raw request bytes in the errors (a body sent as
+    text/plain that is not UTF-8) are decoded with replacement: the default decodes them strictly
+    and answers 500 (found by tests/reliability/test_serve_faults.py)."""
+    from fastapi.encoders import jsonable_encoder
+
+    errors = jsonable_encoder(exc.errors(), custom_encoder={bytes: lambda b: b.decode("utf-8", "replace")})
+    return JSONResponse(status_code=422, content={"detail": errors})
+
+
+api.add_exception_handler(RequestValidationError, _validation_error)
 TOKEN_ENV, TOKEN_FILE_ENV = "HARNESSRL_API_TOKEN", "HARNESSRL_API_TOKEN_FILE"
 
 
@@ -42,8 +61,9 @@ def _configured_token() -> str | None:
     return os.environ.get(TOKEN_ENV) or None
 
 
-def require_token(authorization: str | None = Header(None)) -> None:
-    """401 unless the request carries the configured bearer token (no token configured: open)."""
+async def require_token(authorization: str | None = Header(None)) -> None:
+    """401 unless the request carries the configured bearer token (no token configured: open).
+    `async`: FastAPI runs a plain `def` dependency in a worker thread, a hop per request."""
     token = _configured_token()
     if token is None:
         return
@@ -57,24 +77,41 @@ AUTH = [Depends(require_token)]
 REQUEST_LIMIT: int | None = None  # ServeConfig.max_request_bytes of this process's replica
 
 
-@api.middleware("http")
-async def count_requests(request: Request, call_next):
+class CountRequests:
     """Every answer the replica gives (401s and 422s included) is counted, with its latency; a
-    body declared larger than serve.max_request_bytes is refused before it is read."""
-    from harnessrl.serving import metrics
+    body declared larger than serve.max_request_bytes is refused before it is read. Plain ASGI
+    (not `@app.middleware("http")`, whose BaseHTTPMiddleware adds a task and streams per request)."""
 
-    start = time.perf_counter()
-    size = request.headers.get("content-length", "")
-    if REQUEST_LIMIT is not None and size.isdigit() and int(size) > REQUEST_LIMIT:
-        response = JSONResponse(status_code=413, content={
-            "detail": f"request body is {size} bytes; this service accepts at most {REQUEST_LIMIT} "
-                      "(serve.max_request_bytes)"})
-    else:
-        response = await call_next(request)
-    current = metrics.current()
-    if current is not None:
-        current.request(request.url.path, response.status_code, time.perf_counter() - start)
-    return response
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        from harnessrl.serving import metrics
+
+        start = time.perf_counter()
+        status = {"code": 500}
+
+        async def send_status(message):
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        size = next((v for k, v in scope.get("headers", ()) if k == b"content-length"), b"")
+        if REQUEST_LIMIT is not None and size.isdigit() and int(size) > REQUEST_LIMIT:
+            response = JSONResponse(status_code=413, content={
+                "detail": f"request body is {size.decode()} bytes; this service accepts at most {REQUEST_LIMIT} "
+                          "(serve.max_request_bytes)"})
+            await response(scope, receive, send_status)
+        else:
+            await self.app(scope, receive, send_status)
+        current = metrics.current()
+        if current is not None:
+            current.request(scope["path"], status["code"], time.perf_counter() - start)
+
+
+api.add_middleware(CountRequests)
 
 
 def check_limits(texts: list[tuple[str, str]], n_candidates: int, cfg: ServeConfig) -> None:
@@ -98,20 +135,26 @@ def blend(scores: list[float], logprobs: list[float] | None, weight: float) -> l
 @serve.deployment(ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=64)
 @serve.ingress(api)
 class CriticService:
-    def __init__(self, model_uri: str, config: dict[str, Any], env: dict[str, str] | None = None):
+    def __init__(self, model_uri: str, config: dict[str, Any], env: dict[str, str] | None = None,
+                 encoder=None, encoder_identity: str | None = None):
         os.environ.update(env or {})
         import torch
 
         from harnessrl.serving import app as module
-        from harnessrl.serving import metrics
+        from harnessrl.serving import batching, metrics
         from harnessrl.serving.decision_log import DecisionLog
+        from harnessrl.encoders import EncoderIdentity
         from harnessrl.serving.models import ModelSlot
 
         torch.set_num_threads(1)
         self.cfg = cfg = ServeConfig.model_validate(config)
         module.REQUEST_LIMIT = cfg.max_request_bytes  # the module's own global (this class is pickled by value)
-        self.champion = ModelSlot(model_uri)
-        self.challenger = ModelSlot(cfg.challenger) if cfg.challenger else None
+        # with an encoder deployment (a DeploymentHandle here), the critics load no encoder of their own
+        self.encoder = encoder
+        identity = EncoderIdentity.from_json(encoder_identity) if encoder is not None else None
+        self.champion = ModelSlot(model_uri, identity, cfg.cache_size)
+        self.challenger = ModelSlot(cfg.challenger, identity, cfg.cache_size) if cfg.challenger else None
+        self.encoder_stats: dict[str, Any] | None = None
         self.challenger_share = cfg.challenger_share if cfg.challenger else 0.0
         self.reload_every_s = cfg.reload_every_s
         self._reloader: asyncio.Task | None = None
@@ -120,10 +163,15 @@ class CriticService:
         # One replica per process; the middleware finds it through the module (Serve pickles this
         # class by value, so a global assigned here would not be the module's).
         self.metrics = metrics.install(metrics.ServiceMetrics(
-            replica, self._caches, ["champion", "challenger"] if self.challenger else ["champion"]))
+            replica, self._caches, ["champion", "challenger"] if self.challenger else ["champion"],
+            encoder_stats=(lambda: self.encoder_stats) if encoder is not None else None))
+        batching.quiet_serve_batch_warning()
         for batched in (self._score, self._select_tool):
             batched.set_max_batch_size(cfg.max_batch_size)
             batched.set_batch_wait_timeout_s(cfg.batch_wait_timeout_s)
+        # one model call at a time, over every batch that arrived while the previous one ran
+        self._scorer = batching.Coalescer(self._score_requests, cfg.max_batch_size)
+        self._tool_selector = batching.Coalescer(self._select_tool_requests, cfg.max_batch_size)
 
     def _caches(self):
         slots = [("champion", self.champion)] + ([("challenger", self.challenger)] if self.challenger else [])
@@ -150,22 +198,33 @@ class CriticService:
             if low else None
         return dataclasses.replace(d, best_index=best, fallback=low, reason=reason)
 
+    async def _embeddings(self, critic, texts: list[str]) -> dict[str, np.ndarray] | None:
+        """With an encoder deployment: the embeddings of those of `texts` the critic's LRU misses,
+        computed there (awaited: the event loop keeps gathering the next batch)."""
+        if self.encoder is None:
+            return None
+        missing = critic.uncached(texts)
+        if not missing:
+            return {}
+        return dict(zip(missing, await self.encoder.encode.remote(missing)))
+
     async def _score_with(self, role: str, critic, requests: list[ScoreRequest]) -> list[ScoreResponse]:
         batch = [(r.state_value(), r.candidate_texts()) for r in requests]
-        # Off the event loop: encoding and the forward pass are CPU-bound.
-        all_scores = await asyncio.to_thread(critic.score_batch, batch)
-        # the states' embeddings are in the LRU now: the OOD check costs one small matrix product
-        ood = await asyncio.to_thread(critic.out_of_distribution, [s for s, _ in batch])
+        prep = critic.prepare(batch)
+        given = await self._embeddings(critic, prep.texts)
+        # Off the event loop: encoding and the forward pass are CPU-bound; the OOD check reuses the
+        # states' embeddings (one small matrix product)
+        all_scores, ood = await asyncio.to_thread(critic.score_prepared, prep, None, given, True)
         ref = ModelRef(name=critic.name, version=critic.version)
         out = []
         for request, (_, texts), scores, far in zip(requests, batch, all_scores, ood):
             logprobs = request.logprobs()
             blended = blend(scores, logprobs, self.cfg.prior_weight)
             d = self._decide(critic, scores, far, blended)
-            resp = ScoreResponse(scores=d.scores, blended_scores=blended,
-                                 prior_weight=self.cfg.prior_weight if blended is not None else 0.0,
-                                 best_index=d.best_index, fallback=d.fallback, reason=d.reason, ood=d.ood, model=ref,
-                                 decision_id=uuid.uuid4().hex)
+            resp = ScoreResponse.model_construct(  # values of our own making: no validation pass
+                scores=d.scores, blended_scores=blended, prior_weight=self.cfg.prior_weight if blended is not None
+                else 0.0, best_index=d.best_index, fallback=d.fallback, reason=d.reason, ood=d.ood, model=ref,
+                decision_id=uuid.uuid4().hex)
             self.metrics.decision(role, d.fallback, d.ood, blended is not None)
             if self.log:
                 record = {**resp.model_dump(), "agent_id": request.agent_id, "state": request.state_value(),
@@ -176,8 +235,12 @@ class CriticService:
             out.append(resp)
         return out
 
-    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01, max_concurrent_batches=CONCURRENT_BATCHES)
     async def _score(self, requests: list[ScoreRequest]) -> list[ScoreResponse]:
+        return await self._scorer.submit(requests)
+
+    async def _score_requests(self, requests: list[ScoreRequest]) -> list[ScoreResponse]:
+        """One model call (the Coalescer's) over the requests of one or more batches."""
         self.metrics.batch_size("/v1/score", len(requests))
         groups: dict[int, tuple] = {}
         for i, r in enumerate(requests):  # the critic is read once per group: a swap mid-batch cannot mix
@@ -227,11 +290,16 @@ class CriticService:
         if getattr(self, "log", None):
             await self.log.close()
 
-    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01, max_concurrent_batches=CONCURRENT_BATCHES)
     async def _select_tool(self, requests: list[SelectToolRequest]) -> list[SelectToolResponse]:
+        return await self._tool_selector.submit(requests)
+
+    async def _select_tool_requests(self, requests: list[SelectToolRequest]) -> list[SelectToolResponse]:
         self.metrics.batch_size("/v1/select_tool", len(requests))
         critic = self.critic
-        choices = await asyncio.to_thread(critic.select_tool_batch, [r.state_value() for r in requests])
+        states = [r.state_value() for r in requests]
+        given = await self._embeddings(critic, [critic.render_state(s) for s in states])
+        choices = await asyncio.to_thread(critic.select_tool_batch, states, given)
         ref = ModelRef(name=critic.name, version=critic.version)
         return [SelectToolResponse(tools=c.tools, probabilities=c.probabilities, choice=c.choice, model=ref)
                 for c in choices]
@@ -260,8 +328,13 @@ class CriticService:
         return {"status": "ok"}
 
     @api.get("/metrics", response_class=Response)
-    def prometheus(self) -> Response:
+    async def prometheus(self) -> Response:
         """Open like /healthz (counts only, no request content): scrapers need no token."""
+        if self.encoder is not None:  # the encoder deployment's LRU, as one of its replicas reports it
+            try:
+                self.encoder_stats = await asyncio.wait_for(self.encoder.stats.remote(), timeout=5)
+            except Exception as exc:  # keep the last figures: a scrape must not fail on it
+                log.warning("encoder deployment stats unavailable: %s", exc)
         body, content_type = self.metrics.render()
         return Response(content=body, media_type=content_type)
 
@@ -294,13 +367,46 @@ def deployment_options(cfg: ServeConfig) -> dict[str, Any]:
     return opts
 
 
+def encoder_plan(model_uri: str, cfg: ServeConfig):
+    """(encoder name, max_seq_length, identity) of the encoder deployment: the served model's own
+    encoder unless `serve.encoder` names another, which is an error (ModelError) unless it is
+    the same encoder. Read from the model's and the encoder's files: no weights are loaded."""
+    import json
+
+    from harnessrl.encoders import EncoderIdentity, encoder_identity
+    from harnessrl.errors import ModelError
+    from harnessrl.model_files import CONFIG
+
+    path = model_uri
+    if model_uri.startswith("models:/"):
+        from harnessrl import registry
+
+        path = registry.resolve(model_uri)["path"]
+    try:
+        trained = EncoderIdentity.from_json(json.loads((Path(path) / CONFIG).read_text())["encoder"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelError(f"{model_uri}: cannot read the model's encoder identity ({exc})") from None
+    enc = cfg.encoder
+    name, max_seq = enc.model or trained.model_name, enc.max_seq_length or trained.max_seq_length
+    configured = encoder_identity(name, max_seq)
+    trained.check_same(configured, f"serve.encoder (model={enc.model!r}, max_seq_length={enc.max_seq_length!r}) "
+                                   f"against the model {model_uri}")
+    return name, max_seq, configured
+
+
 def build_app(model_uri: str, config: ServeConfig | None = None):
     from harnessrl import settings
+    from harnessrl.serving import encoder as encoder_deployment
 
     cfg = config or ServeConfig()
     env = {"HARNESSRL_HOME": str(settings.home()), "MLFLOW_TRACKING_URI": settings.tracking_uri()}
     env.update({k: os.environ[k] for k in (TOKEN_ENV, TOKEN_FILE_ENV) if os.environ.get(k)})
-    return CriticService.options(**deployment_options(cfg)).bind(model_uri, cfg.model_dump(), env)
+    extra: dict[str, Any] = {}
+    if cfg.encoder is not None:
+        name, max_seq, identity = encoder_plan(model_uri, cfg)
+        extra = {"encoder": encoder_deployment.EncoderService.options(**encoder_deployment.options(cfg.encoder)).bind(
+            name, max_seq, identity.to_json(), cfg.encoder.model_dump(), env), "encoder_identity": identity.to_json()}
+    return CriticService.options(**deployment_options(cfg)).bind(model_uri, cfg.model_dump(), env, **extra)
 
 
 def app_builder(args: dict[str, Any]):
@@ -337,8 +443,9 @@ def start(model_uri: str | None = None, host: str | None = None, port: int | Non
         from harnessrl.errors import ConfigError
 
         raise ConfigError("no model to serve: give --model or set `model` in the serve config")
+    application = build_app(uri, cfg)  # first: a configuration error starts nothing
     serve.start(http_options={"host": cfg.host, "port": cfg.port}, logging_config={"enable_access_log": False})
-    serve.run(build_app(uri, cfg), name=APP_NAME, route_prefix="/")
+    serve.run(application, name=APP_NAME, route_prefix="/")
     return f"http://{cfg.host}:{cfg.port}"
 
 

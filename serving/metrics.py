@@ -47,6 +47,29 @@ class _CacheCollector(Collector):
         yield from (hits, misses, size, ratio)
 
 
+class _EncoderCollector(Collector):
+    """The encoder deployment's LRU (`serve.encoder`), as one of its replicas last reported it
+    (fetched by the /metrics handler before rendering)."""
+
+    def __init__(self, stats: Callable[[], dict | None]):
+        self.stats = stats
+
+    def collect(self):
+        s = self.stats()
+        if not s:
+            return
+        for name, kind, help_, value in (
+                ("harnessrl_encoder_cache_hits", CounterMetricFamily, "texts the encoder deployment served from its "
+                 "LRU", s["hits"]),
+                ("harnessrl_encoder_cache_misses", CounterMetricFamily, "texts the encoder deployment encoded",
+                 s["misses"]),
+                ("harnessrl_encoder_cache_entries", GaugeMetricFamily, "texts in the encoder deployment's LRU",
+                 s["size"]),
+                ("harnessrl_encoder_batches", CounterMetricFamily, "@serve.batch calls of the encoder deployment",
+                 s["batches"])):
+            yield kind(name, help_ + " (one replica's figure)", value=value)
+
+
 class _RayMirror:
     """The same series through Ray's metrics agent, which sums nothing but exports every
     replica's series from its node: the way to totals with several replicas."""
@@ -66,7 +89,8 @@ class _RayMirror:
 
 class ServiceMetrics:
     def __init__(self, replica: str, caches: Callable[[], Iterable[tuple[str, dict[str, int]]]],
-                 models: Iterable[str] = ("champion",), ray_metrics: bool = True):
+                 models: Iterable[str] = ("champion",), ray_metrics: bool = True,
+                 encoder_stats: Callable[[], dict | None] | None = None):
         self.ray = _RayMirror() if ray_metrics else None
         self.registry = r = CollectorRegistry(auto_describe=False)
         Gauge("harnessrl_replica_info", "the replica these counters belong to", ["replica"], registry=r
@@ -75,7 +99,7 @@ class ServiceMetrics:
                                 ["endpoint", "status"], registry=r)
         self.latency = Histogram("harnessrl_request_latency_seconds", "time in the replica, request to response",
                                  ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
-        self.batch = Histogram("harnessrl_batch_size", "requests per @serve.batch call", ["endpoint"],
+        self.batch = Histogram("harnessrl_batch_size", "requests per model call (the @serve.batch batches waiting meanwhile, merged)", ["endpoint"],
                                buckets=BATCH_BUCKETS, registry=r)
         self.decisions = Counter("harnessrl_decisions", "scored requests", ["model"], registry=r)
         self.fallbacks = Counter("harnessrl_fallbacks", "decisions whose chosen candidate scored below the "
@@ -85,6 +109,8 @@ class ServiceMetrics:
         self.blended = Counter("harnessrl_prior_blended_decisions", "decisions ranked by score + w * logprob",
                                ["model"], registry=r)
         r.register(_CacheCollector(caches))
+        if encoder_stats is not None:
+            r.register(_EncoderCollector(encoder_stats))
         for model in models:  # zeros from the start, so a rate() has a series before the first event
             for counter in (self.decisions, self.fallbacks, self.ood, self.blended):
                 counter.labels(model)

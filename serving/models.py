@@ -23,12 +23,24 @@ def routes_to_challenger(agent_id: str | None, share: float) -> bool:
 
 
 class ModelSlot:
-    def __init__(self, uri: str):
+    """`identity` (an EncoderIdentity): the critics are loaded without an encoder of their own
+    (the encoder deployment embeds for them) and each must have been trained with that encoder:
+    at startup a mismatch is an error, after an alias move the old version keeps serving."""
+
+    def __init__(self, uri: str, identity=None, cache_size: int = 50_000):
+        self.uri, self.identity, self.cache_size = uri, identity, cache_size
+        self.critic = self._load()
+        self._lock = threading.Lock()
+
+    def _load(self):
         from harnessrl.critic import Critic
 
-        self.uri = uri
-        self.critic = Critic.load(uri)
-        self._lock = threading.Lock()
+        critic = Critic.load(self.uri, with_encoder=self.identity is None)
+        critic.cache_size = self.cache_size
+        if self.identity is not None:
+            critic.identity.check_same(self.identity, f"model {self.uri} (version {critic.version}) served with "
+                                       "the encoder deployment (serve.encoder)")
+        return critic
 
     @property
     def ref(self) -> ModelRef:
@@ -37,7 +49,7 @@ class ModelSlot:
     def refresh(self) -> bool:
         """Reload when the alias points at another version; True when it swapped."""
         from harnessrl import registry
-        from harnessrl.critic import Critic
+        from harnessrl.errors import ModelError
 
         with self._lock:
             try:
@@ -48,7 +60,12 @@ class ModelSlot:
                 return False
             if current is None or current == self.critic.version:
                 return False
-            fresh = Critic.load(self.uri)
+            try:
+                fresh = self._load()
+            except ModelError as exc:
+                log.error("model %s: the alias moved to version %s but it cannot be served here (%s); keeping "
+                          "version %s", self.uri, current, exc, self.critic.version)
+                return False
             log.info("model %s: alias moved %s -> %s", self.uri, self.critic.version, fresh.version)
             self.critic = fresh
             return True

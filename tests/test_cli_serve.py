@@ -19,12 +19,13 @@ pytestmark = pytest.mark.integration
 
 
 def test_cli_serve_joins_cluster_and_stops_on_interrupt(pipeline_run, ray_local):
+    """With the encoder as a deployment of its own (`--set encoder=...`); deploy below runs it inline."""
     import ray
 
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "harnessrl", "serve", "--model", f"{MODEL}@champion", "--port", str(port),
-         "--address", ray.get_runtime_context().gcs_address],
+         "--set", "encoder={num_cpus: 0.5, max_batch_size: 16}", "--address", ray.get_runtime_context().gcs_address],
         env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     url = f"http://127.0.0.1:{port}"
@@ -44,6 +45,7 @@ def test_cli_serve_joins_cluster_and_stops_on_interrupt(pipeline_run, ray_local)
         r = httpx.post(f"{url}/v1/score", json={"state": "Task: t\nNow: a room", "candidates": ["go east", "look"]},
                        timeout=60)
         assert r.status_code == 200 and r.json()["model"]["name"] == MODEL
+        assert "harnessrl_encoder_cache_misses_total 3.0" in httpx.get(f"{url}/metrics", timeout=30).text
     finally:
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)

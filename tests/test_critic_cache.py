@@ -49,3 +49,28 @@ def test_cache_is_bounded_least_recently_used_first(critic):
     before = critic._encoder.texts
     critic.score({"task": "t", "history": [], "observation": "o"}, ["t5", "t4"])
     assert critic._encoder.texts == before + 1  # only the rendered state was new
+
+
+def test_given_embeddings_fill_misses_and_a_critic_without_encoder_needs_them(critic):
+    """The service's encoder-deployment path: `uncached` lists the misses, `given` fills them
+    (counted as misses, then cached) and the scores equal those of the critic's own encoder."""
+    from harnessrl.errors import ModelError
+
+    enc = critic._encoder
+    state = {"task": "t", "history": [{"action": "go", "observation": "a hall"}], "observation": "a hall"}
+    prep = critic.prepare([(state, ["look", "go"])])
+    critic._cache.clear()
+    missing = critic.uncached(prep.texts)
+    assert missing == prep.texts and len(missing) == 3
+    given = dict(zip(missing, enc.model.encode(missing, convert_to_numpy=True)))
+    before, misses = enc.texts, critic.cache_misses
+    scores, ood = critic.score_prepared(prep, given=given, ood=True)
+    assert enc.texts == before and critic.cache_misses == misses + 3 and ood == [None]
+    assert critic.uncached(prep.texts) == []
+    assert np.allclose(scores[0], critic.score(state, ["look", "go"]), atol=1e-6)
+
+    bare = Critic(critic.net, critic.meta, encoder=None, cache_size=4)
+    with pytest.raises(ModelError, match="no encoder loaded here"):
+        bare.score(state, ["look", "go"])
+    assert np.allclose(bare.score_prepared(bare.prepare([(state, ["look", "go"])]), given=given)[0][0], scores[0],
+                       atol=1e-6)

@@ -153,6 +153,31 @@ class AutoscalingConfig(_Strict):
         return self
 
 
+class ServeEncoderConfig(_Strict):
+    """`serve.encoder`: the sentence encoder as a Ray Serve deployment of its own (batched, with
+    an LRU of embeddings by text hash shared by every critic replica), instead of inside each
+    critic replica. It must be the encoder the critic was trained with: `model` and
+    `max_seq_length` default to the model's own, and a different value is an error at startup."""
+
+    model: str | None = Field(None, description="encoder to load (None: the one the served model names)")
+    max_seq_length: int | None = Field(None, ge=8, description="token cap (None: the served model's)")
+    replicas: int = Field(1, ge=1)
+    num_cpus: float = Field(0.5, ge=0, description="CPUs reserved per encoder replica (torch threads: max(1, floor))")
+    num_gpus: float = Field(0.0, ge=0, le=1, description="GPUs per encoder replica (a fraction shares one)")
+    precision: Literal["auto", "float32", "float16"] = Field(
+        "auto", description="encoder weights: auto = float16 on a GPU, float32 on CPU")
+    max_batch_size: int = Field(64, ge=1, description="critic batches per encoder call")
+    batch_wait_timeout_s: float = Field(0.005, ge=0)
+    max_ongoing_requests: int = Field(128, ge=1, description="per encoder replica (>= max_batch_size)")
+    cache_size: int = Field(200_000, ge=0, description="embeddings kept per encoder replica (LRU by text hash)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "ServeEncoderConfig":
+        if self.precision == "float16" and self.num_gpus == 0:
+            raise ValueError("precision float16 needs a GPU (num_gpus > 0); on CPUs use auto or float32")
+        return self
+
+
 class ServeConfig(_Strict):
     """The critic service: a pipeline's `serve:` section, or a file of its own for `harnessrl serve
     --config` (serving/serve.yaml). Every setting of the service lives here, nowhere else."""
@@ -181,6 +206,9 @@ class ServeConfig(_Strict):
     challenger: str | None = Field(None, description="model URI answering `challenger_share` of agents")
     challenger_share: float = Field(0.1, ge=0, le=1, description="agents routed to the challenger by agent_id hash")
     reload_every_s: float = Field(30.0, ge=0, description="how often aliases are checked for a new version (0: never)")
+    cache_size: int = Field(50_000, ge=0, description="embeddings kept per critic replica and model (LRU; 0: none)")
+    encoder: ServeEncoderConfig | None = Field(
+        None, description="a separate encoder deployment (None: each critic replica encodes in its own process)")
 
     @model_validator(mode="after")
     def _check(self) -> "ServeConfig":

@@ -12,6 +12,7 @@ history features (how often a candidate was already tried, ...) are computed fro
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,15 @@ class ToolChoice:
     tools: list[str]
     probabilities: list[float]
     choice: str
+
+
+@dataclass
+class Prepared:
+    """Requests parsed once: the rendered states and every distinct text to embed (states first)."""
+
+    requests: list[tuple[State, Sequence[str]]]
+    parsed: list[RequestState]
+    texts: list[str]
 
 
 @dataclass
@@ -62,12 +72,16 @@ class Critic:
         self._torch = torch
         self._encoder = encoder
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()  # the LRU is shared by the service's worker threads
         self.cache_size = cache_size
         self.cache_hits = self.cache_misses = 0
 
     @classmethod
-    def load(cls, uri: str | Path, device: str | None = None) -> "Critic":
-        """From `models:/NAME@ALIAS`, `models:/NAME/VERSION` or a local critic folder."""
+    def load(cls, uri: str | Path, device: str | None = None, with_encoder: bool = True) -> "Critic":
+        """From `models:/NAME@ALIAS`, `models:/NAME/VERSION` or a local critic folder.
+
+        `with_encoder=False` loads no sentence encoder: every embedding must then be given to
+        `encode` (the service's encoder deployment computes them)."""
         name = version = None
         uri = str(uri)
         if uri.startswith("models:/"):
@@ -80,28 +94,56 @@ class Critic:
             if not Path(path).exists():
                 raise ModelError(f"no critic at {path}")
         net, meta = load_critic_files(path)
-        encoder, identity = load_encoder(meta["encoder"]["model_name"], device, meta["encoder"]["max_seq_length"])
-        EncoderIdentity.from_json(meta["encoder"]).check_same(identity, f"critic {uri}")
+        encoder = None
+        if with_encoder:
+            encoder, identity = load_encoder(meta["encoder"]["model_name"], device, meta["encoder"]["max_seq_length"])
+            EncoderIdentity.from_json(meta["encoder"]).check_same(identity, f"critic {uri}")
         return cls(net, meta, name=name, version=version, encoder=encoder, tool_head=load_tool_head(path, meta),
                    ood_reference=load_ood_reference(path, meta))
 
-    def encode(self, texts: Sequence[str]) -> np.ndarray:
+    def encode(self, texts: Sequence[str], given: dict[str, np.ndarray] | None = None) -> np.ndarray:
         """Embeddings of `texts`; repeated texts (agents resend the same task, states and candidates)
-        come from an LRU cache of `cache_size` entries instead of the encoder."""
+        come from an LRU cache of `cache_size` entries instead of the encoder. `given` holds
+        embeddings computed elsewhere (the service's encoder deployment): they fill the misses
+        they cover and enter the cache like freshly encoded ones."""
         texts = list(texts)
-        missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
-        if missing:
-            fresh = self._encoder.encode(missing, convert_to_numpy=True, show_progress_bar=False, batch_size=64)
-            for t, vec in zip(missing, fresh):
-                self._cache[t] = vec
-        self.cache_hits += len(texts) - len(missing)
-        self.cache_misses += len(missing)
-        out = np.stack([self._cache[t] for t in texts]) if texts else np.zeros((0, self.identity.dim), np.float32)
-        for t in texts:
-            self._cache.move_to_end(t)
-        while len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
-        return out
+        if not texts:
+            return np.zeros((0, self.identity.dim), np.float32)
+        with self._lock:
+            found = {t: self._cache.get(t) for t in dict.fromkeys(texts)}
+            missing = [t for t, v in found.items() if v is None]
+            if missing:
+                rest = [t for t in missing if not given or t not in given]
+                for t in missing:
+                    if given and t in given:
+                        found[t] = given[t]
+                if rest:
+                    if self._encoder is None:
+                        raise ModelError(f"critic {self.name}: {len(rest)} text(s) neither cached nor given, and "
+                                         "no encoder loaded here")
+                    fresh = self._encoder.encode(rest, convert_to_numpy=True, show_progress_bar=False, batch_size=64)
+                    found.update(zip(rest, fresh))
+            self.cache_hits += len(texts) - len(missing)
+            self.cache_misses += len(missing)
+            if self.cache_size > 0:
+                for t, v in found.items():
+                    self._cache[t] = v
+                    self._cache.move_to_end(t)
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
+        return np.stack([found[t] for t in texts])
+
+    def uncached(self, texts: Sequence[str]) -> list[str]:
+        """The distinct texts of `texts` the LRU does not hold (those it holds become the most
+        recent, so that they are still there when `encode` runs next)."""
+        with self._lock:
+            out = []
+            for t in dict.fromkeys(texts):
+                if t in self._cache:
+                    self._cache.move_to_end(t)
+                else:
+                    out.append(t)
+            return out
 
     def cache_stats(self) -> dict[str, int]:
         return {"hits": self.cache_hits, "misses": self.cache_misses, "size": len(self._cache)}
@@ -114,23 +156,32 @@ class Critic:
     def render_state(self, state: State) -> str:
         return self.parse_state(state).text
 
-    def score_batch(self, requests: Sequence[tuple[State, Sequence[str]]],
-                    features: Sequence[Sequence[Sequence[float]]] | None = None) -> list[list[float]]:
-        """Many (state, candidates) at once: each distinct text is encoded once, one forward pass.
-
-        `features` (per request, per candidate) replaces the history features computed from the
-        request: evaluation reads them from transition rows."""
+    def prepare(self, requests: Sequence[tuple[State, Sequence[str]]]) -> Prepared:
+        """Render every state once and list the distinct texts a scoring of `requests` embeds."""
+        requests = list(requests)
         parsed = [self.parse_state(s) for s, _ in requests]
-        states = [p.text for p in parsed]
-        texts = list(dict.fromkeys([*states, *(c for _, cands in requests for c in cands)]))
-        if not texts:
-            return [[] for _ in requests]
-        index = {t: i for i, t in enumerate(texts)}
-        emb = self._torch.from_numpy(self.encode(texts)).float()
-        s_idx = [index[states[i]] for i, (_, cands) in enumerate(requests) for _ in cands]
+        texts = list(dict.fromkeys([*(p.text for p in parsed), *(c for _, cands in requests for c in cands)]))
+        return Prepared(requests, parsed, texts)
+
+    def score_prepared(self, prep: Prepared, features: Sequence[Sequence[Sequence[float]]] | None = None,
+                       given: dict[str, np.ndarray] | None = None, ood: bool = False
+                       ) -> tuple[list[list[float]], list[bool | None]]:
+        """(scores per request, OOD flag per state (None: not asked, or no reference)): one encode
+        of the distinct texts, one forward pass; the OOD check reuses the states' embeddings."""
+        requests, parsed = prep.requests, prep.parsed
+        flags: list[bool | None] = [None] * len(requests)
+        if not prep.texts:
+            return [[] for _ in requests], flags
+        index = {t: i for i, t in enumerate(prep.texts)}
+        emb_np = self.encode(prep.texts, given)
+        if ood and self.ood_reference is not None:
+            reference, threshold = self.ood_reference
+            flags = [bool(x) for x in is_ood(emb_np[[index[p.text] for p in parsed]], reference, threshold)]
+        emb = self._torch.from_numpy(emb_np).float()
+        s_idx = [index[p.text] for p, (_, cands) in zip(parsed, requests) for _ in cands]
         a_idx = [index[c] for _, cands in requests for c in cands]
         if not a_idx:
-            return [[] for _ in requests]
+            return [[] for _ in requests], flags
         f = None
         if self.uses_features:
             tool_from = self.render.get("tool_from", "calls")
@@ -139,21 +190,31 @@ class Critic:
                             for p, (_, cands) in zip(parsed, requests)]
             f = self._torch.tensor([row for per_request in features for row in per_request], dtype=self._torch.float32)
         with self._torch.no_grad():
-            q = self.net.q.min_q(emb[s_idx], emb[a_idx], f).numpy() / self.reward_scale
+            q = (self.net.q.min_q(emb[s_idx], emb[a_idx], f).numpy() / self.reward_scale).tolist()
         out, pos = [], 0
         for _, cands in requests:
-            out.append([float(x) for x in q[pos: pos + len(cands)]])
+            out.append(q[pos: pos + len(cands)])
             pos += len(cands)
-        return out
+        return out, flags
 
-    def select_tool_batch(self, states: Sequence[State]) -> list[ToolChoice]:
-        """The tool head's policy pi(tool | s) over the vocabulary, for many states at once."""
+    def score_batch(self, requests: Sequence[tuple[State, Sequence[str]]],
+                    features: Sequence[Sequence[Sequence[float]]] | None = None) -> list[list[float]]:
+        """Many (state, candidates) at once: each distinct text is encoded once, one forward pass.
+
+        `features` (per request, per candidate) replaces the history features computed from the
+        request: evaluation reads them from transition rows."""
+        return self.score_prepared(self.prepare(requests), features)[0]
+
+    def select_tool_batch(self, states: Sequence[State], given: dict[str, np.ndarray] | None = None
+                          ) -> list[ToolChoice]:
+        """The tool head's policy pi(tool | s) over the vocabulary, for many states at once
+        (`given`: embeddings computed elsewhere, as in `encode`)."""
         if self.tool_head is None:
             raise ModelError(f"critic {self.name} has no tool head (its training data called fewer than two tools)")
         texts = [self.parse_state(s).text for s in states]
         if not texts:
             return []
-        emb = self._torch.from_numpy(self.encode(texts)).float()
+        emb = self._torch.from_numpy(self.encode(texts, given)).float()
         with self._torch.no_grad():
             probs = self._torch.softmax(self.tool_head.pi(emb), dim=1).numpy()
         return [ToolChoice(self.tool_vocab, [float(x) for x in p], self.tool_vocab[int(np.argmax(p))]) for p in probs]
