@@ -40,8 +40,12 @@ class EncoderService:
         self.cfg = cfg = ServeEncoderConfig.model_validate(config)
         torch.set_num_threads(max(1, math.floor(cfg.num_cpus)))
         self.device = "cuda" if cfg.num_gpus > 0 and torch.cuda.is_available() else "cpu"
-        self.model, loaded = load_encoder(name, self.device, max_seq_length)
-        EncoderIdentity.from_json(identity).check_same(loaded, "the encoder deployment (serve.encoder)")
+        expected = EncoderIdentity.from_json(identity)
+        # a CPU compute precision of the identity (when encoders have one), as the model was trained
+        precision = getattr(expected, "precision", "float32")
+        self.model, loaded = load_encoder(name, self.device, max_seq_length,
+                                          **({} if precision == "float32" else {"precision": precision}))
+        expected.check_same(loaded, "the encoder deployment (serve.encoder)")
         self.fp16 = self.device == "cuda" and cfg.precision != "float32"
         if self.fp16:
             self.model.half()
