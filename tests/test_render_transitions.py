@@ -196,9 +196,11 @@ def test_pinned_result_outlives_the_window():
     assert "Pinned" not in render_state("t", MAP_HISTORY, "a garden", window=2, layout=Layout(pin=("open *",)))
 
 
-def test_pin_skips_the_result_shown_as_the_observation():
+def test_pin_skips_a_result_already_shown():
     history = [Turn("go east", "kitchen"), Turn("read map", "the map")]
     assert "Pinned" not in render_state("t", history, "the map", layout=Layout(pin=("read map",)))
+    history = [Turn("task", "Find the key."), Turn("go east", "kitchen")]  # the task command repeats the task
+    assert "Pinned" not in render_state("Find the key.", history, "kitchen", layout=Layout(pin=("task",)))
 
 
 def test_done_list_counts_repeats_in_order_of_first_use():

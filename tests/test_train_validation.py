@@ -93,7 +93,7 @@ def test_training_exports_the_best_checkpoint(encoded, work):
     net, saved = load_critic_files(result.model_dir)
     rows = pads.dataset(str(work["dir"] / "encoded" / "data"), format="parquet").to_table()
     held = rows.filter(pc.is_in(rows["group_id"], value_set=pa.array(sorted(val_groups), pa.string())))
-    arrays = load_arrays(held.to_batches(), candidates=False)
+    arrays = load_arrays([held], candidates=False)
     val = _Validation(arrays, saved["reward_scale"], saved["iql"]["gamma"], use_f=saved["iql"]["feature_dim"] > 0)
 
     class Exported:  # the exported network where _Validation looks for it

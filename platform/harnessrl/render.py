@@ -45,16 +45,19 @@ class Layout:
                    bool(render.get("observation_first")))
 
 
-def _pinned(history: Sequence[Turn], observation: str, patterns: Sequence[str]) -> list[str]:
+def _pinned(history: Sequence[Turn], observation: str, patterns: Sequence[str], task: str = "") -> list[str]:
     """`Pinned > action: result` for the latest turn matching each pattern, in pattern order; a
-    turn is pinned once, and not when its result is the current observation (shown as Now)."""
+    turn is pinned once, and not when its result is already shown (the current observation, or
+    the task: a game's `task` command answers with the task text)."""
+    shown = {task.strip()}
     lines, used = [], set()
     for pattern in patterns:
         p = pattern.strip().lower()
         for i in range(len(history) - 1, -1, -1):
             if fnmatchcase(history[i].action.strip().lower(), p):
                 turn, result = history[i], history[i].result.strip()
-                if i not in used and result and not (i == len(history) - 1 and result == observation.strip()):
+                if i not in used and result and result not in shown and not (
+                        i == len(history) - 1 and result == observation.strip()):
                     lines.append(f"Pinned > {turn.action.strip()}: {result}")
                 used.add(i)
                 break
@@ -85,7 +88,7 @@ def render_state(task: str, history: Sequence[Turn], observation: str, window: i
     head = [f"Task: {task.strip()}"] if task.strip() else []
     if observation.strip():
         head.insert(0 if layout.observation_first else len(head), f"Now: {observation.strip()}")
-    head += _pinned(history, observation, layout.pin) + (_done(history) if layout.list_actions else [])
+    head += _pinned(history, observation, layout.pin, task) + (_done(history) if layout.list_actions else [])
     turns = []
     for i in range(len(recent) - 1, -1, -1):
         turn = recent[i]
