@@ -151,6 +151,7 @@ def encoded(transitions, work):
 def s3(tmp_path_factory):
     """A real S3 HTTP endpoint on loopback (moto's server mode) with one bucket; boto3 and
     pyarrow reach it through AWS_ENDPOINT_URL. Stopped by its PID at the end of the session."""
+    import secrets
     import subprocess
     import sys
     import time
@@ -162,7 +163,8 @@ def s3(tmp_path_factory):
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                             stdout=log.open("wb"), stderr=subprocess.STDOUT)
     env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+           # distinctive and per session, so that tests/reliability/test_security.py can look for leaks
+           "AWS_SECRET_ACCESS_KEY": "s3-secret-" + secrets.token_hex(12), "AWS_DEFAULT_REGION": "us-east-1"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
