@@ -8,6 +8,9 @@
                 encode on the Ray Data actor pool (actor start and model loads included),
                 write `_texts/` and the encoded transitions
   (d) cached    (c) again with the persistent embedding cache filled (from (c)'s output)
+  with --opt-precision bfloat16 (the stage's opt-in CPU precision):
+  (b') ceiling  (b) with the model at precision P
+  (c') stage    (c) with `encoder.precision: P`
 
 then the stage's peak memory on a synthetic, highly repetitive corpus at 100k and 1M
 transitions (rows sampled with replacement from the corpus's first --mem-source-rows
@@ -305,6 +308,8 @@ def main() -> None:
     ap.add_argument("--mem-rows", default="100000,1000000")
     ap.add_argument("--mem-source-rows", type=int, default=400)
     ap.add_argument("--mem-candidates", type=int, default=0, help="untaken candidates embedded per row in the memory runs")
+    ap.add_argument("--opt-precision", default=None, choices=["bfloat16"],
+                    help="also run the ceiling and the stage at this opt-in CPU precision")
     ap.add_argument("--work-dir", default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--sub", default=None, help=argparse.SUPPRESS)
@@ -346,11 +351,33 @@ def main() -> None:
     out["a_naive"] = timed_encode(model, lists, args.batch_size, args.max_seconds)
     print("(b) ceiling ...", flush=True)
     out["b_ceiling"] = timed_encode(model, [distinct], args.batch_size, args.max_seconds)
+    if args.opt_precision:
+        import copy
+
+        from harnessrl.encoders import set_precision
+
+        opt = set_precision(copy.deepcopy(model), args.opt_precision, "cpu")
+        opt.encode(distinct[:64], batch_size=args.batch_size, show_progress_bar=False)
+        print(f"(b') ceiling at {args.opt_precision} ...", flush=True)
+        out["b_opt"] = timed_encode(opt, [distinct], args.batch_size, args.max_seconds)
+        probe = distinct[:: max(1, len(distinct) // 1000)]
+        ref = model.encode(probe, batch_size=args.batch_size, convert_to_numpy=True, show_progress_bar=False)
+        got = opt.encode(probe, batch_size=args.batch_size, convert_to_numpy=True, show_progress_bar=False)
+        cos = (ref * got).sum(1) / np.linalg.norm(ref, axis=1) / np.linalg.norm(got, axis=1)
+        out["opt_precision"] = {"precision": args.opt_precision, "texts": len(probe),
+                                "cosine_min": round(float(cos.min()), 5), "cosine_mean": round(float(cos.mean()), 5)}
+        del opt
     del model
     cfg = {"batch_size": args.batch_size, "max_seq_length": args.max_seq_length, "max_candidates": args.max_candidates}
     print("(c) harnessrl encode stage ...", flush=True)
     out["c_stage"] = run_sub("stage", args.stage_timeout, ray_cpus=args.ray_cpus, sub_dir=work / "encoded",
                              sub_transitions=transitions, sub_cfg=json.dumps(cfg))
+    if args.opt_precision:
+        print(f"(c') harnessrl encode stage at {args.opt_precision} ...", flush=True)
+        out["c_opt"] = run_sub("stage", args.stage_timeout, ray_cpus=args.ray_cpus, sub_dir=work / "encoded-opt",
+                               sub_transitions=transitions,
+                               sub_cfg=json.dumps({**cfg, "precision": args.opt_precision}))
+        shutil.rmtree(work / "encoded-opt", ignore_errors=True)
     if not args.skip_cached:
         print("(d) stage with a filled embedding cache ...", flush=True)
         cache_root = work / "cache"
@@ -392,6 +419,10 @@ def print_report(out: dict) -> None:
     rows = [("(a) naive: model.encode per transition", out["a_naive"], n_naive, None),
             ("(b) ceiling: distinct texts, one call", out["b_ceiling"], n_naive, n_distinct),
             ("(c) harnessrl encode stage, end to end", out["c_stage"], n_naive, n_distinct)]
+    if "b_opt" in out:
+        p = out["opt_precision"]["precision"]
+        rows.insert(2, (f"(b') ceiling at {p}", out["b_opt"], n_naive, n_distinct))
+        rows.append((f"(c') stage at {p} (opt-in)", out["c_opt"], n_naive, n_distinct))
     if "d_cached" in out:
         rows.append(("(d) stage, embedding cache filled", out["d_cached"], n_naive, n_distinct))
     print()
@@ -410,10 +441,21 @@ def print_report(out: dict) -> None:
     print("texts/s: the corpus's state/action/next-state texts per second of wall time; distinct/s: its distinct "
           "texts per second; CPU s: CPU time of the method's processes (for (c)/(d) the whole local Ray); "
           "others CPU: share of the machine's CPU that other processes used meanwhile")
+    for key in ("c_stage", "c_opt"):
+        if key in out:
+            r = out[key]["result"]
+            print(f"{key}: phases (s) {r['phases']}; {r['actors']} actor(s) x {r['cpus_per_actor']:g} CPU")
     a, b, c = out["a_naive"]["wall_s"], out["b_ceiling"]["wall_s"], out["c_stage"]["wall_s"]
     out["ratios"] = {"a_over_c_wall": round(a / c, 2), "c_over_b_distinct_rate": round(b / c, 2)}
     print(f"(c) vs (a): {a / c:.2f}x faster in wall time (target >= 2.5x)")
     print(f"(c) vs (b): {b / c:.2f}x of the ceiling's distinct texts/s (target >= 0.85x)")
+    if "c_opt" in out:
+        p, co = out["opt_precision"], out["c_opt"]["wall_s"]
+        out["ratios"].update(a_over_c_opt_wall=round(a / co, 2), c_opt_over_b_distinct_rate=round(b / co, 2),
+                             c_opt_over_b_opt_distinct_rate=round(out["b_opt"]["wall_s"] / co, 2))
+        print(f"(c') {p['precision']} vs (a): {a / co:.2f}x faster in wall time; {b / co:.2f}x of the float32 "
+              f"ceiling's distinct texts/s, {out['b_opt']['wall_s'] / co:.2f}x of the {p['precision']} ceiling's; "
+              f"cosine to float32 over {p['texts']} texts: min {p['cosine_min']:.4f}, mean {p['cosine_mean']:.4f}")
     if "d_cached" in out:
         print(f"(d) vs (c): {c / out['d_cached']['wall_s']:.2f}x faster with every text in the cache "
               f"({out['d_cached']['result']['texts_cached']} cached, {out['d_cached']['result']['texts_encoded']} encoded)")

@@ -12,8 +12,14 @@ vectors to the transition rows:
      budget, so short texts are not padded to long ones -> `_texts/` (text_hash, emb, bucket)
   -> with a cache: per bucket, copy the cached vectors into `_texts/` and add the new ones to
      the cache (one file per bucket per run)
-  -> attach tasks: transitions + the sorted `_texts` index (object store, zero-copy) -> `data/`
-     (+ state_emb, action_emb, next_state_emb, candidate_emb)
+  -> attach tasks, one per transitions file: its rows, a batch at a time, + the sorted `_texts`
+     index (object store, zero-copy) -> `data/part-NNNNN.parquet` (+ state_emb, action_emb,
+     next_state_emb, candidate_emb), written as they go
+
+Both passes read the transitions files themselves, in batches, and the attach writes its
+own files: memory follows a batch per task in flight, not the corpus (Ray's Parquet reader
+bundled files into tasks whose worker heap grew with the corpus, and its writer holds every
+block of a task until it writes).
 
 No shuffle: memory follows the distinct texts, not the rows, and a small machine does not
 pay for an all-to-all exchange. Each distinct text is encoded at most once per run. The
@@ -31,6 +37,7 @@ import math
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -51,6 +58,9 @@ TASK_CPUS = 0.5  # the stage's own tasks (scan, cache finish, attach)
 ACTOR_MEMORY = 1 << 30  # per encoder actor, for sizing the pool (MiniLM on CPU measured ~650 MB)
 ENCODER_KEY = b"harnessrl.encoder"
 SCAN_MEMORY = 512 << 20  # logical reservation of a scan task (one block of transitions)
+STREAM_OBJECT_STORE_BYTES = 256 << 20  # Ray Data's object-store budget for the stage's executions
+SCAN_ROWS = 8192  # transitions per scan batch, read straight from the file
+ATTACH_ROWS = 4096  # transitions per attach batch (and row group of the output)
 
 
 @dataclass
@@ -378,6 +388,33 @@ def _scan(batch: pa.Table, registries: list, max_candidates: int, buckets: int, 
         yield new.slice(start, block_texts).select(["text_hash", "text", "n_chars", "bucket"])
 
 
+def _input_files(transitions_dir: str) -> list[str]:
+    import pyarrow.fs as pafs
+
+    fs, path = storage.filesystem(transitions_dir)
+    infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    return sorted(i.path for i in infos if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")
+                  and not i.base_name.startswith(("_", ".")))
+
+
+def _file_batches(transitions_dir: str, path: str, columns: list[str] | None, rows: int):
+    """One transitions file, `rows` at a time (only one batch of it in memory)."""
+    import pyarrow.parquet as pq
+
+    fs, _ = storage.filesystem(transitions_dir)
+    with fs.open_input_file(path) as fh:
+        for batch in pq.ParquetFile(fh).iter_batches(batch_size=rows, columns=columns):
+            yield pa.Table.from_batches([batch])
+
+
+def _scan_files(files: pa.Table, transitions_dir: str, registries: list, max_candidates: int, buckets: int,
+                block_texts: int):
+    """`_scan` over transitions files (one task per file, read in batches of SCAN_ROWS)."""
+    for path in files.column("path").to_pylist():
+        for rows in _file_batches(transitions_dir, path, [*TEXT_COLUMNS, "candidates"], SCAN_ROWS):
+            yield from _scan(rows, registries, max_candidates, buckets, block_texts)
+
+
 class _Encoder:
     """One model load per actor: at start, or at its first text when a cache may answer
     everything (then a fully cached run loads no model at all)."""
@@ -394,7 +431,8 @@ class _Encoder:
             self._load()
 
     def _load(self) -> None:
-        model, identity = load_encoder(self.cfg.model, self.plan.device, self.cfg.max_seq_length)
+        model, identity = load_encoder(self.cfg.model, self.plan.device, self.cfg.max_seq_length,
+                                       self.cfg.identity_precision)
         if self.plan.half:
             model.half()
         self.identity.check_same(identity, f"encoder actor ({self.plan.device})")
@@ -496,6 +534,33 @@ def _attach(batch: pa.Table, index, max_candidates: int, schema_meta: dict) -> p
     return batch.replace_schema_metadata({**(batch.schema.metadata or {}), **schema_meta})
 
 
+def _attach_files(files: pa.Table, transitions_dir: str, data_dir: str, index, max_candidates: int,
+                  schema_meta: dict) -> pa.Table:
+    """Each transitions file -> its encoded file (`part-NNNNN.parquet`, same rows and order), read,
+    attached and written ATTACH_ROWS at a time: a task holds one batch, whatever the file's size
+    (Ray's own Parquet writer holds every block of a task until it writes). A retried task
+    rewrites the same file."""
+    import pyarrow.parquet as pq
+
+    fs, out = storage.filesystem(data_dir)
+    written = []
+    for path, part in zip(files.column("path").to_pylist(), files.column("part").to_pylist()):
+        writer, n = None, 0
+        try:
+            for rows in _file_batches(transitions_dir, path, None, ATTACH_ROWS):
+                batch = _attach(rows, index, max_candidates, schema_meta)
+                if writer is None:
+                    writer = pq.ParquetWriter(f"{out}/part-{part:05d}.parquet", batch.schema, filesystem=fs,
+                                              compression="zstd")
+                writer.write_table(batch)
+                n += batch.num_rows
+        finally:
+            if writer is not None:
+                writer.close()
+        written.append(n)
+    return pa.table({"path": files.column("path"), "rows": pa.array(written, pa.int64())})
+
+
 def _index(texts_dir: str, dtype: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
     """The run's distinct texts as (sorted 32-byte hex keys, matrix in the same order)."""
     import pyarrow.dataset as pads
@@ -535,6 +600,22 @@ def check_identity(encoded_dir: str, identity: EncoderIdentity, where: str = "")
 
 
 # ---- the stage --------------------------------------------------------------------------------
+@contextmanager
+def _streaming():
+    """Ray Data's object-store budget for the executions inside (this process's DataContext; Ray
+    Data snapshots it when a dataset is made, so enter this before), so that no operator's
+    outputs pile up ahead of the next one."""
+    from ray.data import DataContext
+
+    ctx = DataContext.get_current()
+    limits = ctx.execution_options.resource_limits
+    ctx.execution_options.resource_limits = limits.copy(object_store_memory=STREAM_OBJECT_STORE_BYTES)
+    try:
+        yield
+    finally:
+        ctx.execution_options.resource_limits = limits
+
+
 class _PeakRss:
     """Peak resident memory of this process while the stage runs (sampled every 0.1 s)."""
 
@@ -587,12 +668,14 @@ def encode(transitions_dir: str, out_dir: str, cfg: EncoderConfig) -> EncodeResu
 
     start = time.time()
     with _PeakRss() as rss:
-        identity = encoder_identity(cfg.model, cfg.max_seq_length)  # from the model's files: no weights loaded here
+        # from the model's files: no weights loaded here
+        identity = encoder_identity(cfg.model, cfg.max_seq_length, cfg.identity_precision)
         cache = EmbeddingCache(cfg.cache, identity, cfg.dtype) if cfg.cache else None
         eager = cache is None or not cache.exists()  # a cache may answer everything: then load lazily
         if cache is not None:
             cache.open()
         rows = _count_rows(transitions_dir)
+        files = _input_files(transitions_dir)
         if rows == 0:
             raise DataError(f"no transitions at {transitions_dir}: nothing to encode")
         resources = ray.cluster_resources()
@@ -613,21 +696,24 @@ def encode(transitions_dir: str, out_dir: str, cfg: EncoderConfig) -> EncodeResu
         registry = ray.remote(num_cpus=0, max_restarts=0)(_Registry)
         registries = [registry.remote(cache) for _ in range(registry_shards(float(resources.get("CPU", 1)), buckets))]
         try:
-            transitions = ray.data.read_parquet(transitions_dir)
-            # `memory` keeps Ray from fusing the scan into the encoder actors (same CPU share):
-            # fused, the pool would get one task per file instead of one per block of texts.
-            new_texts = transitions.select_columns([*TEXT_COLUMNS, "candidates"]).map_batches(
-                _scan, batch_format="pyarrow", batch_size=None, num_cpus=TASK_CPUS, memory=SCAN_MEMORY,
-                fn_kwargs={"registries": registries, "max_candidates": cfg.max_candidates, "buckets": buckets,
-                           "block_texts": cfg.block_texts})
-            # a task's outputs are merged into one block: cut them again, so that the pool's
-            # unit of work is `block_texts` texts of similar length, not one input file
-            new_texts = new_texts.repartition(target_num_rows_per_block=cfg.block_texts)
-            new_texts.map_batches(
-                _Encoder, batch_format="pyarrow", batch_size=None,
-                fn_constructor_kwargs={"cfg": cfg, "plan": plan, "identity": identity.to_json(), "eager": eager},
-                **plan.map_kwargs(),
-            ).write_parquet(emb_dir, compression="zstd")
+            # Each scan task reads one transitions file in batches (pyarrow, no Ray read operator: Ray's
+            # reader bundles files and its worker's heap grew with the corpus) and yields only the texts
+            # to encode; `memory` keeps Ray from fusing the scan into the encoder actors (same CPU
+            # share): fused, the pool would get one task per file instead of one per block of texts.
+            with _streaming():  # set before the dataset is made
+                by_file = ray.data.from_items([{"path": f} for f in files], override_num_blocks=len(files))
+                new_texts = by_file.map_batches(
+                    _scan_files, batch_format="pyarrow", batch_size=1, num_cpus=TASK_CPUS, memory=SCAN_MEMORY,
+                    fn_kwargs={"transitions_dir": transitions_dir, "registries": registries,
+                               "max_candidates": cfg.max_candidates, "buckets": buckets, "block_texts": cfg.block_texts})
+                # a task's outputs are merged into one block: cut them again, so that the pool's
+                # unit of work is `block_texts` texts of similar length, not one input file
+                new_texts = new_texts.repartition(target_num_rows_per_block=cfg.block_texts)
+                new_texts.map_batches(
+                    _Encoder, batch_format="pyarrow", batch_size=None,
+                    fn_constructor_kwargs={"cfg": cfg, "plan": plan, "identity": identity.to_json(), "eager": eager},
+                    **plan.map_kwargs(),
+                ).write_parquet(emb_dir, compression="zstd")
             summaries = ray.get([r.summary.remote() for r in registries])
         finally:
             for r in registries:
@@ -646,10 +732,18 @@ def encode(transitions_dir: str, out_dir: str, cfg: EncoderConfig) -> EncodeResu
             raise DataError(f"encode: {n_distinct} distinct texts but {len(keys)} vectors under {emb_dir}")
         index = ray.put((keys, matrix))
         schema_meta = {ENCODER_KEY: identity.to_json().encode(), b"harnessrl.embedding_dtype": cfg.dtype.encode()}
-        transitions.map_batches(
-            _attach, batch_format="pyarrow", num_cpus=TASK_CPUS,
-            fn_kwargs={"index": index, "max_candidates": cfg.max_candidates, "schema_meta": schema_meta},
-        ).write_parquet(storage.join(out_dir, "data"), compression="zstd")
+        # one task per transitions file: read, attach and write it a batch at a time
+        data_dir = storage.join(out_dir, "data")
+        fs, path = storage.filesystem(data_dir)
+        fs.create_dir(path, recursive=True)
+        with _streaming():
+            done = ray.data.from_items([{"path": f, "part": k} for k, f in enumerate(files)],
+                                       override_num_blocks=len(files)).map_batches(
+                _attach_files, batch_format="pyarrow", batch_size=1, num_cpus=TASK_CPUS,
+                fn_kwargs={"transitions_dir": transitions_dir, "data_dir": data_dir, "index": index,
+                           "max_candidates": cfg.max_candidates, "schema_meta": schema_meta}).take_all()
+        if sum(r["rows"] for r in done) != rows:
+            raise DataError(f"encode: {rows} transitions but {sum(r['rows'] for r in done)} written to {data_dir}")
         del index
         phases["attach"] = time.time() - start - phases["texts"]
 

@@ -222,6 +222,36 @@ def test_encoder_mismatch_is_a_clear_error(encoded, work, tmp_path, model):
         _Encoder(cfg, plan_pool(cfg, {"CPU": 2}), other.to_json(), eager=True)
 
 
+def test_cpu_precision_is_part_of_the_identity(encoded, work, model):
+    """The opt-in bfloat16 CPU encoder: close to float32 vectors, but another identity, so an
+    encoded dataset, cache or actor of one precision is never taken for another."""
+    from harnessrl.pipelines.encode import _Encoder, check_identity, plan_pool
+
+    fp32, identity = model
+    texts = _table(work["dir"] / "transitions").column("state_text").to_pylist()[:48]
+    ref = fp32.encode(texts, batch_size=16, convert_to_numpy=True)
+    assert "precision" not in identity.to_json()  # float32 identities (and cache digests) as before
+    for precision in ("bfloat16",):
+        quick, ident = load_encoder(max_seq_length=128, precision=precision)
+        assert ident == encoder_identity(max_seq_length=128, precision=precision) != identity
+        assert ident.digest() != identity.digest() and EncoderIdentity.from_json(ident.to_json()) == ident
+        vecs = quick.encode(texts, batch_size=16, convert_to_numpy=True)
+        assert vecs.dtype == np.float32
+        cos = (vecs * ref).sum(1) / np.linalg.norm(vecs, axis=1) / np.linalg.norm(ref, axis=1)
+        assert cos.min() > 0.99 and cos.mean() > 0.995, (precision, cos.min(), cos.mean())
+        assert not np.allclose(vecs, ref, atol=1e-6)  # the precision really changed the computation
+        with pytest.raises(ModelError, match=f"precision: 'float32' vs '{precision}'"):
+            check_identity(encoded.out_dir, ident)  # float32 embeddings are not served as bfloat16 ones
+    cfg = EncoderConfig(max_seq_length=128, precision="bfloat16")
+    assert cfg.identity_precision == "bfloat16" and EncoderConfig().identity_precision == "float32"
+    with pytest.raises(ModelError, match="encoder mismatch in encoder actor"):  # a bf16 actor, a float32 run
+        _Encoder(cfg, plan_pool(cfg, {"CPU": 2}), identity.to_json(), eager=True)
+    with pytest.raises(ConfigError, match="for CPU actors"):
+        parse_pipeline({"data": {"train": ["x"]}, "encoder": {"precision": "bfloat16", "gpus_per_actor": 1}})
+    with pytest.raises(ConfigError, match="precision"):
+        encoder_identity(max_seq_length=128, precision="int8")
+
+
 # ---- batching and pool planning -----------------------------------------------------------------
 def test_length_batches_group_similar_lengths():
     from harnessrl.pipelines.encode import length_batches

@@ -63,8 +63,10 @@ class EncoderConfig(_Strict):
     max_actors: int | None = Field(None, ge=1, description="autoscaling pool: largest size (None: fit the cluster)")
     cpus_per_actor: float = Field(0.5, gt=0)
     gpus_per_actor: float = Field(0.0, ge=0, description="0: CPU actors; 1: one GPU each; 0.5: two share a GPU")
-    precision: Literal["auto", "float32", "float16"] = Field(
-        "auto", description="model weights: auto = float16 on GPU, float32 on CPU")
+    precision: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto", description="model compute: auto = float16 on GPU, float32 on CPU; opt-in on CPU actors: bfloat16 "
+                            "(autocast; fast on AVX512-BF16/AMX CPUs), part of the encoder identity: its vectors "
+                            "are not mixed with float32 ones (caches, critics)")
     dtype: Literal["float32", "float16"] = Field("float32", description="stored embedding columns")
     block_texts: int = Field(256, ge=16, description="distinct texts per encoder actor call (sorted by length there)")
     cache: str | None = Field(None, description="persistent embedding cache: a local folder or s3:// URI; None = off")
@@ -80,6 +82,9 @@ class EncoderConfig(_Strict):
                              "set 1 (or a fraction to share a GPU) and let the pool grow to the cluster's GPUs")
         if self.precision == "float16" and self.gpus_per_actor == 0:
             raise ValueError("precision float16 needs GPU actors (gpus_per_actor > 0); on CPUs use auto or float32")
+        if self.precision == "bfloat16" and self.gpus_per_actor > 0:
+            raise ValueError("precision bfloat16 is for CPU actors (gpus_per_actor: 0); GPU actors use "
+                             "float16 (auto) or float32")
         if self.cache is not None:
             cache = self.cache.strip()
             if not cache:
@@ -87,6 +92,11 @@ class EncoderConfig(_Strict):
             if "://" in cache and not cache.startswith(("s3://", "file://")):
                 raise ValueError(f"cache {cache!r}: use a local folder or an s3:// URI")
         return self
+
+    @property
+    def identity_precision(self) -> str:
+        """The precision named in the encoder identity: float32 unless an opt-in CPU precision."""
+        return "bfloat16" if self.precision == "bfloat16" else "float32"
 
 
 class TrainConfig(_Strict):

@@ -96,7 +96,8 @@ class Critic:
         net, meta = load_critic_files(path)
         encoder = None
         if with_encoder:
-            encoder, identity = load_encoder(meta["encoder"]["model_name"], device, meta["encoder"]["max_seq_length"])
+            encoder, identity = load_encoder(meta["encoder"]["model_name"], device, meta["encoder"]["max_seq_length"],
+                                             meta["encoder"].get("precision", "float32"))
             EncoderIdentity.from_json(meta["encoder"]).check_same(identity, f"critic {uri}")
         return cls(net, meta, name=name, version=version, encoder=encoder, tool_head=load_tool_head(path, meta),
                    ood_reference=load_ood_reference(path, meta))
