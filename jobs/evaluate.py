@@ -21,7 +21,7 @@ from harnessrl.errors import DataError
 
 log = logging.getLogger(__name__)
 LATENCY_REQUESTS = 50  # single decide() calls timed one by one
-CURVES = ("loss_q", "loss_v", "td_error", "q_abs_max", "tool_policy_entropy")
+CURVES = ("loss_q", "loss_v", "td_error", "val_td_error", "q_abs_max", "tool_policy_entropy")
 
 
 @dataclass

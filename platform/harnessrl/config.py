@@ -127,7 +127,8 @@ class TrainConfig(_Strict):
         0.0, ge=0, lt=1, description="share of task groups (group_id) kept out of training to score the critic every "
                                      "log_every steps (held-out TD error); 0: no validation")
     select: Literal["best", "last"] = Field(
-        "best", description="with validation: export the weights of the best validation score, or the last")
+        "last", description="with validation: export the last weights, or those of the best held-out TD error (it "
+                            "favours early, undertrained critics: see bench/README.md)")
     patience: int | None = Field(
         None, ge=1, description="with validation: stop after this many validations without improvement")
     max_failures: int = Field(2, ge=0, description="worker-group restarts from the last checkpoint")
