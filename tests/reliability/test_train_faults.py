@@ -13,13 +13,15 @@ import pytest
 from harnessrl.config import TrainConfig
 
 pytestmark = pytest.mark.integration
-STEPS, EVERY = 3000, 100
+STEPS, EVERY = 1000, 100  # the kill comes after two checkpoints (step 200): 800 steps left to resume
 
 
-def _alive_train_workers() -> list:
-    from ray.util.state import list_actors
+def _alive_train_workers() -> list[int]:
+    """PIDs of this session's Ray Train workers (children of its raylet titled ray::RayTrainWorker...):
+    not the state API, which cannot tell which Ray to ask when other Ray instances run on the machine."""
+    from faults import workers_running
 
-    return list_actors(filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
+    return workers_running("RayTrainWorker")
 
 
 def test_killed_worker_resumes_from_last_checkpoint(encoded, work):
@@ -49,7 +51,7 @@ def test_killed_worker_resumes_from_last_checkpoint(encoded, work):
         time.sleep(0.2)
     workers = _alive_train_workers()
     assert len(workers) == 2
-    os.kill(workers[1].pid, signal.SIGKILL)
+    os.kill(workers[1], signal.SIGKILL)
     killed_at = time.time()
 
     thread.join(900)
