@@ -37,7 +37,6 @@ import math
 import threading
 import time
 import uuid
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -49,6 +48,7 @@ from harnessrl.config import EncoderConfig
 from harnessrl.embedding_cache import BUCKETS, EmbeddingCache, bucket_of, emb_array, emb_matrix
 from harnessrl.encoders import EncoderIdentity, encoder_identity, load_encoder, text_hash
 from harnessrl.errors import ConfigError, DataError, ModelError
+from harnessrl.ray_runtime import object_store_budget
 from harnessrl.transitions import untaken_candidates
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,6 @@ TASK_CPUS = 0.5  # the stage's own tasks (scan, cache finish, attach)
 ACTOR_MEMORY = 1 << 30  # per encoder actor, for sizing the pool (MiniLM on CPU measured ~650 MB)
 ENCODER_KEY = b"harnessrl.encoder"
 SCAN_MEMORY = 512 << 20  # logical reservation of a scan task (one block of transitions)
-STREAM_OBJECT_STORE_BYTES = 256 << 20  # Ray Data's object-store budget for the stage's executions
 SCAN_ROWS = 8192  # transitions per scan batch, read straight from the file
 ATTACH_ROWS = 4096  # transitions per attach batch (and row group of the output)
 
@@ -600,22 +599,6 @@ def check_identity(encoded_dir: str, identity: EncoderIdentity, where: str = "")
 
 
 # ---- the stage --------------------------------------------------------------------------------
-@contextmanager
-def _streaming():
-    """Ray Data's object-store budget for the executions inside (this process's DataContext; Ray
-    Data snapshots it when a dataset is made, so enter this before), so that no operator's
-    outputs pile up ahead of the next one."""
-    from ray.data import DataContext
-
-    ctx = DataContext.get_current()
-    limits = ctx.execution_options.resource_limits
-    ctx.execution_options.resource_limits = limits.copy(object_store_memory=STREAM_OBJECT_STORE_BYTES)
-    try:
-        yield
-    finally:
-        ctx.execution_options.resource_limits = limits
-
-
 class _PeakRss:
     """Peak resident memory of this process while the stage runs (sampled every 0.1 s)."""
 
@@ -700,7 +683,7 @@ def encode(transitions_dir: str, out_dir: str, cfg: EncoderConfig) -> EncodeResu
             # reader bundles files and its worker's heap grew with the corpus) and yields only the texts
             # to encode; `memory` keeps Ray from fusing the scan into the encoder actors (same CPU
             # share): fused, the pool would get one task per file instead of one per block of texts.
-            with _streaming():  # set before the dataset is made
+            with object_store_budget():  # set before the dataset is made
                 by_file = ray.data.from_items([{"path": f} for f in files], override_num_blocks=len(files))
                 new_texts = by_file.map_batches(
                     _scan_files, batch_format="pyarrow", batch_size=1, num_cpus=TASK_CPUS, memory=SCAN_MEMORY,
@@ -736,7 +719,7 @@ def encode(transitions_dir: str, out_dir: str, cfg: EncoderConfig) -> EncodeResu
         data_dir = storage.join(out_dir, "data")
         fs, path = storage.filesystem(data_dir)
         fs.create_dir(path, recursive=True)
-        with _streaming():
+        with object_store_budget():
             done = ray.data.from_items([{"path": f, "part": k} for k, f in enumerate(files)],
                                        override_num_blocks=len(files)).map_batches(
                 _attach_files, batch_format="pyarrow", batch_size=1, num_cpus=TASK_CPUS,

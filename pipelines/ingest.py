@@ -19,7 +19,6 @@ import io
 import json
 import logging
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Iterator
 
@@ -30,6 +29,7 @@ from harnessrl import schemas, signals, storage
 from harnessrl.errors import ConfigError, DataError
 from harnessrl.formats import decisions, native
 from harnessrl.formats.detect import FORMATS, PARSERS, UNKNOWN, detect_format
+from harnessrl.ray_runtime import object_store_budget
 
 log = logging.getLogger(__name__)
 
@@ -99,9 +99,6 @@ RECORDS_PER_BLOCK = 512
 # Ray from fusing them): fused, one task would parse a whole file, and Ray's Parquet writer holds
 # all of a task's output before writing it. Apart, each parse(+write) task is one block of records.
 READ_CPUS, PARSE_CPUS = 0.25, 0.75
-# Object store budget of the read -> parse -> write pipeline: readers outrun parsers, and without
-# a budget their blocks pile up in the object store (grows with the corpus up to Ray's default).
-STREAM_OBJECT_STORE_BYTES = 256 << 20
 RECORDS = pa.schema([("source_uri", pa.string()), ("source_line", pa.int64()), ("format", pa.string()),
                      ("line", pa.binary())])
 
@@ -244,20 +241,6 @@ STAGED = "_parsed"
 KEY_COLUMNS = ["source_uri", "source_line", "ok", "episode_id", "reason", "n_signals"]
 
 
-@contextmanager
-def _object_store_budget(nbytes: int):
-    """Ray Data's object store limit for the executions inside (this process's DataContext)."""
-    from ray.data import DataContext
-
-    ctx = DataContext.get_current()
-    before = ctx.execution_options.resource_limits
-    ctx.execution_options.resource_limits = before.copy(object_store_memory=nbytes)
-    try:
-        yield
-    finally:
-        ctx.execution_options.resource_limits = before
-
-
 def _parquet_files(uri: str) -> list[str]:
     fs, path = storage.filesystem(uri)
     return sorted(f.path for f in fs.get_file_info(pafs.FileSelector(path, recursive=True))
@@ -335,7 +318,7 @@ def ingest(sources: list[str], out_dir: str, fmt: str = "native", outcomes: str 
     log.info("ingest: %d file(s) from %s", len(files), ", ".join(sources))
     raw_digest = storage.digest_sources(files)
     # Ray Data snapshots its context when a dataset is made: the budget is set before that.
-    with _object_store_budget(STREAM_OBJECT_STORE_BYTES):
+    with object_store_budget():
         if fmt == decisions.FORMAT:  # a decision log is regrouped into episodes first (driver side)
             per_file = {f"decisions:{s}": "native" for s in sources}
             lines = ray.data.from_items([{"source_uri": f"decisions:{','.join(sources)}", "source_line": i,

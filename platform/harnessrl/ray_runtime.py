@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from contextlib import contextmanager
 
 from harnessrl.settings import apply_offline_env
 
@@ -81,3 +82,22 @@ def shuffle_partitions() -> int:
     import ray
 
     return max(2, min(200, 4 * int(ray.cluster_resources().get("CPU", 1))))
+
+
+STREAM_OBJECT_STORE_BYTES = 256 << 20  # the streaming stages' budget: blocks in flight, not the corpus
+
+
+@contextmanager
+def object_store_budget(nbytes: int = STREAM_OBJECT_STORE_BYTES):
+    """Ray Data's object-store limit for the executions inside (this process's DataContext; Ray
+    Data snapshots it when a dataset is made, so enter this before), so that no operator's
+    outputs pile up ahead of the next one and memory does not grow with the corpus."""
+    from ray.data import DataContext
+
+    ctx = DataContext.get_current()
+    before = ctx.execution_options.resource_limits
+    ctx.execution_options.resource_limits = before.copy(object_store_memory=nbytes)
+    try:
+        yield
+    finally:
+        ctx.execution_options.resource_limits = before
