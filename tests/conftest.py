@@ -6,6 +6,9 @@ from __future__ import annotations
 import gzip
 import os
 import socket
+import subprocess
+import sys
+import time
 from importlib import resources
 from pathlib import Path
 
@@ -68,6 +71,30 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def start_mlflow_server(store: Path, artifacts: str, port: int, env: dict[str, str], log: Path,
+                        timeout_s: float = 120) -> subprocess.Popen:
+    """`mlflow server` (SQLite store at `store`) on 127.0.0.1:`port` in a process group of its own
+    (stop it with os.killpg), returned once /health answers; its output goes to `log`."""
+    import httpx
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{store}",
+         "--artifacts-destination", artifacts, "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"mlflow server exited ({proc.returncode}): {log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        if time.time() > deadline:
+            raise RuntimeError(f"mlflow server not healthy after {timeout_s:.0f} s: {log.read_text()[-3000:]}")
+        time.sleep(0.5)
 
 
 @pytest.fixture(scope="session")

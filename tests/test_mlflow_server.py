@@ -11,13 +11,10 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
-import time
 
-import httpx
 import pytest
 
-from conftest import free_port
+from conftest import free_port, start_mlflow_server
 
 pytestmark = pytest.mark.integration
 
@@ -39,24 +36,10 @@ def mlflow_server(s3, tmp_path):
     env = {**os.environ, "MLFLOW_S3_ENDPOINT_URL": s3["endpoint"]}
     env.pop("MLFLOW_TRACKING_URI", None)
     log = tmp_path / "mlflow-server.log"
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
-           "--artifacts-destination", f"s3://{s3['bucket']}/{PREFIX}", "--host", "127.0.0.1", "--port", str(port),
-           "--workers", "1"]
-    proc = subprocess.Popen(cmd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
     saved = os.environ.get("MLFLOW_TRACKING_URI")
+    proc = None
     try:
-        deadline = time.time() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited ({proc.returncode}): {log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline:
-                raise RuntimeError(f"mlflow server not healthy after 120 s: {log.read_text()[-3000:]}")
-            time.sleep(0.5)
+        proc = start_mlflow_server(tmp_path / "mlflow.db", f"s3://{s3['bucket']}/{PREFIX}", port, env, log)
         os.environ["MLFLOW_TRACKING_URI"] = url
         yield {"url": url, "log": log}
     finally:
@@ -65,7 +48,7 @@ def mlflow_server(s3, tmp_path):
         else:
             os.environ["MLFLOW_TRACKING_URI"] = saved
         mlflow.set_tracking_uri(settings.tracking_uri())  # the session's own store again
-        if proc.poll() is None:
+        if proc is not None and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(timeout=30)

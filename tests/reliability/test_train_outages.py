@@ -17,15 +17,13 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
-from conftest import free_port
+from conftest import free_port, start_mlflow_server
 
 pytestmark = pytest.mark.integration
 OUTAGE_S = 8.0
@@ -196,23 +194,10 @@ class MlflowServer:
 
     def start(self):
         env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-        log = (self.root / f"server-{self.starts}.log").open("wb")
+        log = self.root / f"server-{self.starts}.log"
         self.starts += 1
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
-             "--artifacts-destination", str(self.root / "artifacts"), "--host", "127.0.0.1", "--port",
-             str(self.port), "--workers", "1"], env=env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True)
-        for _ in range(600):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited: {(self.root / f'server-{self.starts - 1}.log').read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError("mlflow server not healthy after 300 s")
+        self.proc = start_mlflow_server(self.root / "mlflow.db", str(self.root / "artifacts"), self.port, env, log,
+                                        timeout_s=300)
 
     def kill(self):
         if self.proc and self.proc.poll() is None:
