@@ -191,7 +191,10 @@ def sub_prepare(args) -> None:
 
 
 def sub_stage(args) -> None:
-    """Warm the local Ray up, then run the encode stage once under the monitor."""
+    """Warm the local Ray up, then run the encode stage once under the monitor. Throughput runs
+    sample CPU only (`--sub-memory 0`): reading every Ray process's PSS four times a second cost
+    the driver ~40 CPU s of kernel time over a 2-minute run, a third of a core taken from the
+    encoder actors (seen with py-spy), which (a) and (b) never paid."""
     _init_ray(args.ray_cpus)
     import ray
 
@@ -201,7 +204,7 @@ def sub_stage(args) -> None:
     cfg = EncoderConfig(**json.loads(args.sub_cfg))
     ray.data.read_parquet(args.sub_transitions).count()  # workers started, files in the page cache
     time.sleep(2)
-    with Monitor() as mon:
+    with Monitor(memory=bool(int(args.sub_memory))) as mon:
         result = encode(args.sub_transitions, args.sub_dir, cfg)
     print("RESULT " + json.dumps({**mon.report(), "top": mon.top(), "result": result.summary()}), flush=True)
 
@@ -316,6 +319,7 @@ def main() -> None:
     ap.add_argument("--sub-dir", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--sub-transitions", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--sub-cfg", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--sub-memory", default="1", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.sub == "prepare":
         return sub_prepare(args)
@@ -371,12 +375,12 @@ def main() -> None:
     cfg = {"batch_size": args.batch_size, "max_seq_length": args.max_seq_length, "max_candidates": args.max_candidates}
     print("(c) harnessrl encode stage ...", flush=True)
     out["c_stage"] = run_sub("stage", args.stage_timeout, ray_cpus=args.ray_cpus, sub_dir=work / "encoded",
-                             sub_transitions=transitions, sub_cfg=json.dumps(cfg))
+                             sub_transitions=transitions, sub_cfg=json.dumps(cfg), sub_memory=0)
     if args.opt_precision:
         print(f"(c') harnessrl encode stage at {args.opt_precision} ...", flush=True)
         out["c_opt"] = run_sub("stage", args.stage_timeout, ray_cpus=args.ray_cpus, sub_dir=work / "encoded-opt",
                                sub_transitions=transitions,
-                               sub_cfg=json.dumps({**cfg, "precision": args.opt_precision}))
+                               sub_cfg=json.dumps({**cfg, "precision": args.opt_precision}), sub_memory=0)
         shutil.rmtree(work / "encoded-opt", ignore_errors=True)
     if not args.skip_cached:
         print("(d) stage with a filled embedding cache ...", flush=True)
@@ -384,7 +388,8 @@ def main() -> None:
         shutil.rmtree(cache_root, ignore_errors=True)
         fill_cache(work / "encoded" / "_texts", str(cache_root), identity)
         out["d_cached"] = run_sub("stage", args.stage_timeout, ray_cpus=args.ray_cpus, sub_dir=work / "encoded-cached",
-                                  sub_transitions=transitions, sub_cfg=json.dumps({**cfg, "cache": str(cache_root)}))
+                                  sub_transitions=transitions, sub_cfg=json.dumps({**cfg, "cache": str(cache_root)}),
+                                  sub_memory=0)
     if not args.skip_memory:
         out["memory"] = []
         for rows in [int(r) for r in args.mem_rows.split(",") if r]:
