@@ -13,6 +13,9 @@ Every scorer plays the same held-out seeds; at each step it gets the task, the h
   bc-success   BC on successful episodes only
   bc-careful   BC on careful-agent episodes only (ceiling check: cloning the best behaviour)
   expert       the generator's re-planning expert (gold agent)
+  NAME+norepeat   a learned scorer (critic, bc*) under the `avoid_repeats` rule: it never takes an
+               action again from the same observation while another is left (the critic through
+               the service's request field, BC with the same function, harnessrl.features.repeats_here)
 
 Tiers: `id` = train-fold seeds never used in the logs (train or test file), `ood` = test-fold
 seeds (not in the test logs either). Seeds are drawn deterministically per (tier, family)
@@ -49,9 +52,19 @@ sys.path.insert(0, str(ROOT / "bench"))
 ALL_SCORERS = ("critic", "mix", "careful", "mistaken", "flailing", "random", "bc", "bc-success", "bc-careful",
                "expert")
 REDUCED_SCORERS = ("critic", "mix", "random", "bc", "expert")
+NO_REPEAT = "+norepeat"  # suffix of a learned scorer played under the avoid_repeats rule
 DEFAULT_FAMILIES = ("coin", "sorting", "arithmetic", "mapreader", "twc", "peckingorder")
 REDUCED_FAMILIES = ("arithmetic", "sorting")
 TIERS = {"id": "train", "ood": "test"}
+
+
+def base_scorer(name: str) -> str:
+    """`critic+norepeat` -> `critic`: the scorer a variant plays with."""
+    return name[: -len(NO_REPEAT)] if name.endswith(NO_REPEAT) else name
+
+
+def is_learned(name: str) -> bool:
+    return name == "critic" or name.startswith("bc")
 
 
 # ---- statistics --------------------------------------------------------------------------------
@@ -154,8 +167,9 @@ class CriticClient:
 
         self.client = httpx.Client(base_url=url, timeout=timeout)
 
-    def score(self, state: dict, candidates: list[str]) -> dict:
-        r = self.client.post("/v1/score", json={"agent_id": "twx-bench", "state": state, "candidates": candidates})
+    def score(self, state: dict, candidates: list[str], avoid_repeats: bool = False) -> dict:
+        r = self.client.post("/v1/score", json={"agent_id": "twx-bench", "state": state, "candidates": candidates,
+                                                "avoid_repeats": avoid_repeats})
         r.raise_for_status()
         return r.json()
 
@@ -165,11 +179,15 @@ class CriticClient:
 
 def play(engine, scorer: str, family: str, fold: str, seed: int, max_steps: int, ctx: dict) -> dict:
     """One episode of `scorer` on (family, fold, seed); returns success, steps, actions, loop."""
+    from harnessrl.critic import best_allowed
     from harnessrl.examples.twx import FAMILY_PARAMS, _draw_agent
+    from harnessrl.features import repeats_here
     from harnessrl.metrics import has_loop
+    from harnessrl.render import Turn
 
     rng = random.Random(f"twx-bench:{scorer}:{family}:{fold}:{seed}")
-    agent = scorer
+    agent = base_scorer(scorer)
+    no_repeat = scorer.endswith(NO_REPEAT)
     if scorer == "mix":
         agent = _draw_agent(rng)[0]
     needs_expert = agent in ("expert", "careful", "mistaken", "flailing")
@@ -182,7 +200,7 @@ def play(engine, scorer: str, family: str, fold: str, seed: int, max_steps: int,
     history: list[dict] = []
     actions: list[str] = []
     score = float(info["score"])
-    fallbacks = decisions = 0
+    fallbacks = decisions = avoided = 0  # avoided: decisions the avoid_repeats rule changed
     ood: list[bool | None] = []  # the service's flag per decision (critic only)
     chosen_scores: list[float] = []
     done = False
@@ -197,14 +215,18 @@ def play(engine, scorer: str, family: str, fold: str, seed: int, max_steps: int,
         elif agent == "random":
             action = rng.choice(candidates)
         elif agent == "critic":
-            body = ctx["critic"].score(state, candidates)
+            body = ctx["critic"].score(state, candidates, avoid_repeats=no_repeat)
             best = int(body["best_index"])
             action, fallbacks, decisions = candidates[best], fallbacks + bool(body["fallback"]), decisions + 1
+            avoided += bool(body.get("repeats")) and best != max(range(len(candidates)), key=body["scores"].__getitem__)
             ood.append(body.get("ood"))
             chosen_scores.append(float(body["scores"][best]))
         elif agent.startswith("bc"):
             scores = ctx[agent].scores(state, candidates)
-            action = candidates[max(range(len(candidates)), key=scores.__getitem__)]
+            avoid = repeats_here([Turn(h["action"], h["observation"]) for h in history], obs, candidates) \
+                if no_repeat else ()
+            best = best_allowed(scores, avoid)
+            action, avoided = candidates[best], avoided + (best != best_allowed(scores))
         else:
             raise ValueError(f"unknown scorer {scorer!r}")
         new_obs, _reward, done, info = env.step(action)
@@ -219,7 +241,7 @@ def play(engine, scorer: str, family: str, fold: str, seed: int, max_steps: int,
             break
     return {"scorer": scorer, "agent": agent, "family": family, "fold": fold, "seed": seed,
             "success": bool(info["tasksuccess"]), "steps": len(actions), "loop": has_loop(actions),
-            "fallbacks": fallbacks, "decisions": decisions, "actions": actions, "ood": ood,
+            "fallbacks": fallbacks, "decisions": decisions, "avoided": avoided, "actions": actions, "ood": ood,
             "chosen_scores": chosen_scores}
 
 
@@ -403,7 +425,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--families", help=f"comma-separated (default {','.join(DEFAULT_FAMILIES)})")
     p.add_argument("--seeds-per-family", type=int, help="per tier (default 5; reduced 2)")
     p.add_argument("--tiers", default="id,ood", help="id,ood")
-    p.add_argument("--scorers", help=f"comma-separated of {','.join(ALL_SCORERS)}")
+    p.add_argument("--scorers", help=f"comma-separated of {','.join(ALL_SCORERS)}; critic{NO_REPEAT}, bc{NO_REPEAT}, "
+                                     "... play a learned one under the avoid_repeats rule")
     p.add_argument("--max-steps", type=int, default=None, help="step cap per episode (default: the logs' cap, 40)")
     p.add_argument("--model", help="NAME@ALIAS or models:/... of a trained critic; default: train one now")
     p.add_argument("--encoded", help="the pipeline's encoded dir (for BC); default: that of the training run, "
@@ -436,8 +459,9 @@ def run(args: argparse.Namespace) -> dict:
     max_steps = args.max_steps or MAX_STEPS
     bc_steps = args.bc_steps or (150 if args.reduced else 800)
     for s in scorers:
-        if s not in ALL_SCORERS:
-            raise SystemExit(f"unknown scorer {s!r}; known: {', '.join(ALL_SCORERS)}")
+        if base_scorer(s) not in ALL_SCORERS or (s.endswith(NO_REPEAT) and not is_learned(base_scorer(s))):
+            raise SystemExit(f"unknown scorer {s!r}; known: {', '.join(ALL_SCORERS)}, and critic{NO_REPEAT}, "
+                             f"bc{NO_REPEAT}, ... for the learned ones")
     for t in tiers:
         if t not in TIERS:
             raise SystemExit(f"unknown tier {t!r}")
@@ -450,8 +474,8 @@ def run(args: argparse.Namespace) -> dict:
     owns_ray = not ray.is_initialized()
     init_ray()
     model_uri, encoded = None, args.encoded
-    need_model = "critic" in scorers
-    need_bc = [s for s in scorers if s.startswith("bc")]
+    need_model = any(base_scorer(s) == "critic" for s in scorers)
+    need_bc = sorted({base_scorer(s) for s in scorers if s.startswith("bc")})
     training = None
     if args.model:
         model_uri = args.model if args.model.startswith("models:/") or os.path.isdir(args.model) \

@@ -52,6 +52,9 @@ class ScoreRequest(BaseModel):
     candidates: list[str | Candidate] = Field(
         min_length=1, max_length=HARD_MAX_CANDIDATES,
         description="action texts, or {text, logprob} objects carrying the agent's own log-probability")
+    avoid_repeats: bool | None = Field(
+        None, description="pass over candidates already taken from the same observation (needs a structured state "
+                          "with history) while another is left; null: the service's `avoid_repeats` setting")
 
     def state_value(self) -> str | dict:
         return self.state if isinstance(self.state, str) else self.state.model_dump()
@@ -90,12 +93,15 @@ class ScoreResponse(BaseModel):
     blended_scores: list[float] | None = Field(
         None, description="scores + prior_weight * logprob, when the service blends and every candidate has a logprob")
     prior_weight: float = Field(0.0, description="weight of the agent's logprob in the ranking (0: critic only)")
-    best_index: int = Field(description="argmax of blended_scores when present, else of scores")
+    best_index: int = Field(description="argmax of blended_scores when present, else of scores, over the candidates "
+                                        "not listed in `repeats` (over all when every one is)")
     fallback: bool = Field(description="true when the critic's score of the chosen candidate is below the model's "
                                        "threshold")
     reason: str | None = None
     ood: bool | None = Field(None, description="state farther from every training state the model keeps than its "
                                                 "threshold (null: the model keeps no reference)")
+    repeats: list[int] | None = Field(None, description="candidates the agent already took from this observation, "
+                                                        "passed over (null: avoid_repeats off)")
     model: ModelRef
     decision_id: str
 

@@ -16,7 +16,6 @@ DeploymentHandle with the texts their own LRU misses.
 # No `from __future__ import annotations` here: FastAPI reads the request model from the
 # signature of the Serve ingress methods at class creation.
 import asyncio
-import dataclasses
 import hmac
 import logging
 import os
@@ -32,6 +31,7 @@ from fastapi.responses import JSONResponse
 from ray import serve
 
 from harnessrl.config import ServeConfig
+from harnessrl.features import repeats_here
 from harnessrl.serving.batching import CONCURRENT_BATCHES
 from harnessrl.serving.api import (FeedbackRequest, FeedbackResponse, ModelInfo, ModelRef, ScoreRequest,
                                    ScoreResponse, SelectToolRequest, SelectToolResponse)
@@ -186,18 +186,6 @@ class CriticService:
 
         return self.challenger if routes_to_challenger(agent_id, self.challenger_share) else self.champion
 
-    def _decide(self, critic, scores: list[float], far: bool | None, blended: list[float] | None):
-        """The critic's decision; with a blend, the chosen candidate is the blend's argmax and the
-        fallback threshold (in the critic's reward units) is checked against its critic score."""
-        d = critic.decide_scores(scores, far)
-        if blended is None:
-            return d
-        best = int(np.argmax(blended))
-        low = critic.threshold is not None and scores[best] < critic.threshold
-        reason = f"critic score {scores[best]:.3f} of the chosen candidate below threshold {critic.threshold:.3f}" \
-            if low else None
-        return dataclasses.replace(d, best_index=best, fallback=low, reason=reason)
-
     async def _embeddings(self, critic, texts: list[str]) -> dict[str, np.ndarray] | None:
         """With an encoder deployment: the embeddings of those of `texts` the critic's LRU misses,
         computed there (awaited: the event loop keeps gathering the next batch)."""
@@ -217,14 +205,17 @@ class CriticService:
         all_scores, ood = await asyncio.to_thread(critic.score_prepared, prep, None, given, True)
         ref = ModelRef(name=critic.name, version=critic.version)
         out = []
-        for request, (_, texts), scores, far in zip(requests, batch, all_scores, ood):
+        for request, parsed, (_, texts), scores, far in zip(requests, prep.parsed, batch, all_scores, ood):
             logprobs = request.logprobs()
             blended = blend(scores, logprobs, self.cfg.prior_weight)
-            d = self._decide(critic, scores, far, blended)
+            avoid = self.cfg.avoid_repeats if request.avoid_repeats is None else request.avoid_repeats
+            repeats = repeats_here(parsed.history, parsed.observation, texts) if avoid else None
+            # with a blend, the blend ranks; the threshold (reward units) is checked on the critic's score
+            d = critic.decide_scores(scores, far, repeats, blended)
             resp = ScoreResponse.model_construct(  # values of our own making: no validation pass
                 scores=d.scores, blended_scores=blended, prior_weight=self.cfg.prior_weight if blended is not None
-                else 0.0, best_index=d.best_index, fallback=d.fallback, reason=d.reason, ood=d.ood, model=ref,
-                decision_id=uuid.uuid4().hex)
+                else 0.0, best_index=d.best_index, fallback=d.fallback, reason=d.reason, ood=d.ood,
+                repeats=d.repeats, model=ref, decision_id=uuid.uuid4().hex)
             self.metrics.decision(role, d.fallback, d.ood, blended is not None)
             if self.log:
                 record = {**resp.model_dump(), "agent_id": request.agent_id, "state": request.state_value(),

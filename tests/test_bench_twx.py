@@ -25,7 +25,7 @@ def bench(pipeline_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench_twx")
     argv = ["--reduced", "--model", "it-critic@champion",
             "--encoded", str(Path(pipeline_run["output_dir"]) / "encoded"),
-            "--scorers", "critic,mix,random,bc,expert", "--bc-steps", "60",
+            "--scorers", "critic,mix,random,bc,bc+norepeat,expert", "--bc-steps", "60",
             "--json", str(out / "twx.json"), "--markdown", str(out / "twx.md"), "--report", str(out / "diagnosis")]
     assert twx.main(argv) == 0
     return {"results": json.loads((out / "twx.json").read_text()), "markdown": (out / "twx.md").read_text(),
@@ -44,6 +44,26 @@ def test_every_scorer_played_every_seed(bench):
             for scorer in cfg["scorers"]:
                 assert (scorer, tier, family, seed) in played
     assert len(res["episodes"]) == len(played)
+
+
+def test_norepeat_plays_as_its_scorer_until_the_rule_changes_a_choice(bench):
+    """bc+norepeat is bc with the avoid_repeats rule: the same episode until a repeat is passed over."""
+    eps = {(e["scorer"], e["tier"], e["family"], e["seed"]): e for e in bench["results"]["episodes"]}
+    compared = 0
+    for (scorer, tier, family, seed), ep in eps.items():
+        if scorer != "bc+norepeat":
+            assert ep["avoided"] == 0
+            continue
+        plain = eps[("bc", tier, family, seed)]
+        if ep["avoided"] == 0:
+            assert ep["actions"] == plain["actions"]
+        else:
+            assert ep["actions"] != plain["actions"]
+            first = next(i for i, (a, b) in enumerate(zip(ep["actions"], plain["actions"])) if a != b)
+            # where they part, bc took an action it had taken before (the rule passed over a repeat)
+            assert plain["actions"][first] in plain["actions"][:first]
+        compared += 1
+    assert compared == len(bench["results"]["seeds"]) * bench["results"]["config"]["seeds_per_family"]
 
 
 def test_seed_tiers_are_disjoint_from_the_logs(bench):

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from harnessrl.algorithms.iql import IQLConfig, IQLNetwork
-from harnessrl.features import (FEATURE_NAMES, OTHER_TOOL, action_features, features_for, tool_ids, tool_name,
-                                tool_vocabulary)
+from harnessrl.critic import best_allowed
+from harnessrl.features import (FEATURE_NAMES, OTHER_TOOL, action_features, features_for, repeats_here, tool_ids,
+                                tool_name, tool_vocabulary)
 from harnessrl.render import Turn, parse_request_state
 from harnessrl.rewards import RewardRecipe
 from harnessrl.transitions import episode_transitions, untaken_candidates
@@ -40,6 +41,27 @@ def test_action_features_by_hand():
     assert f == pytest.approx([L(1), L(1), L(2), L(4), L(3)])
     f = action_features(history, "r9", "go north", tool_from="first_word")
     assert f == pytest.approx([L(2), L(0), L(2), L(4), L(3)])
+
+
+def test_repeats_here_are_the_candidates_taken_from_this_observation():
+    history = [Turn("go north", "r1"), Turn("go south", "r2"), Turn("go north", "r1"), Turn("look", "r1")]
+    # seen "r1" before: go south (after turn 1) and look (after turn 3); go north only from "" and "r2"
+    assert repeats_here(history, "r1", ["go north", "go south", "look", "eat"]) == [1, 2]
+    assert repeats_here(history, " r2 ", ["go north", "go south", "look"]) == [0]  # compared stripped
+    assert repeats_here(history, "", ["go north", "look"]) == [0]  # the first action: taken from nothing seen
+    assert repeats_here([], "r1", ["go north"]) == []
+    # the same count the times_taken_here feature reads (index 1)
+    for i, cand in enumerate(["go north", "go south", "look", "eat"]):
+        taken_here = action_features(history, "r1", cand, "first_word")[1] > 0
+        assert taken_here == (i in repeats_here(history, "r1", ["go north", "go south", "look", "eat"]))
+
+
+def test_best_allowed_passes_over_avoided_unless_nothing_is_left():
+    assert best_allowed([0.1, 0.9, 0.5]) == 1
+    assert best_allowed([0.1, 0.9, 0.5], [1]) == 2
+    assert best_allowed([0.1, 0.9, 0.5], [1, 2]) == 0
+    assert best_allowed([0.1, 0.9, 0.5], [0, 1, 2]) == 1  # all avoided: the best of all
+    assert best_allowed([0.3, 0.3], [5]) == 0  # ties: the first; unknown indices ignored
 
 
 def test_no_history_is_all_zero():

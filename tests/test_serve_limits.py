@@ -1,6 +1,6 @@
 """Serving many agents: configured limits answered with a clear 4xx, Prometheus metrics at
-/metrics, and optional blending of the critic's scores with the agent's own log-probabilities
-(real Ray Serve on loopback, real model)."""
+/metrics, optional blending of the critic's scores with the agent's own log-probabilities, and
+the avoid_repeats rule (real Ray Serve on loopback, real model)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ def url(pipeline_run):
     from harnessrl.serving import app as serving
 
     base = serving.start(f"models:/{MODEL}@champion", port=free_port(), max_candidates=MAX_CANDIDATES,
-                         max_text_chars=MAX_TEXT, prior_weight=WEIGHT, max_request_bytes=MAX_BYTES)
+                         max_text_chars=MAX_TEXT, prior_weight=WEIGHT, max_request_bytes=MAX_BYTES,
+                         avoid_repeats=True)  # the service's default; requests may turn it off
     yield base
     serving.stop()
 
@@ -79,6 +80,38 @@ def test_prior_blending_ranks_by_score_plus_weighted_logprob(url):
     assert mixed["blended_scores"] is None and mixed["prior_weight"] == 0.0
     assert mixed["best_index"] == plain["best_index"]
     assert _score(url, [{"text": "take coin", "logprob": 0.5}]).status_code == 422  # not a log-probability
+
+
+def test_avoid_repeats_passes_over_candidates_taken_from_the_same_observation(url):
+    def score(candidates, state, **extra):
+        r = httpx.post(f"{url}/v1/score", json={"state": state, "candidates": candidates, **extra}, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    fav = 1
+    obs = STATE["observation"]
+    # CANDIDATES[fav] was taken while the agent saw this same observation (the result of the turn before)
+    looped = {**STATE, "history": [{"action": "move north", "observation": obs},
+                                   {"action": CANDIDATES[fav], "observation": obs}]}
+    # the agent's own prior makes the repeat the favourite by far (blend: score + WEIGHT * logprob)
+    cands = [{"text": c, "logprob": 0.0 if i == fav else -50.0} for i, c in enumerate(CANDIDATES)]
+    off = score(cands, looped, avoid_repeats=False)
+    assert off["repeats"] is None and off["best_index"] == fav
+    on = score(cands, looped)  # null: the service's setting (on)
+    assert on["repeats"] == [fav] and on["scores"] == pytest.approx(off["scores"], abs=1e-5)
+    allowed = [i for i in range(len(CANDIDATES)) if i != fav]
+    assert on["best_index"] == max(allowed, key=on["blended_scores"].__getitem__) != fav
+    # without a blend the critic's scores rank, over the same candidates
+    plain = score(CANDIDATES, looped)
+    assert plain["repeats"] == [fav] and plain["best_index"] == max(allowed, key=plain["scores"].__getitem__)
+    # every candidate a repeat: the rule gives way
+    alone = score([CANDIDATES[fav]], looped, avoid_repeats=True)
+    assert alone["repeats"] == [0] and alone["best_index"] == 0
+    # taken before, but from another observation: not a repeat
+    elsewhere = {**STATE, "history": [{"action": CANDIDATES[fav], "observation": "A hall."}]}
+    assert score(CANDIDATES, elsewhere)["repeats"] == []
+    # a rendered-text state carries no history: nothing is known to repeat
+    assert score(CANDIDATES, "Task: find the coin.\nNow: A kitchen.")["repeats"] == []
 
 
 def _samples(url: str) -> dict[tuple, float]:

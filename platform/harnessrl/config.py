@@ -214,6 +214,8 @@ class ServeConfig(_Strict):
                                                                     "before the body is parsed")
     prior_weight: float = Field(0.0, ge=0, description="rank by score + prior_weight * the agent's logprob when "
                                                        "candidates carry one (0: critic only)")
+    avoid_repeats: bool = Field(False, description="never choose a candidate the agent already took from the same "
+                                                   "observation while another is left (requests may override)")
     challenger: str | None = Field(None, description="model URI answering `challenger_share` of agents")
     challenger_share: float = Field(0.1, ge=0, le=1, description="agents routed to the challenger by agent_id hash")
     reload_every_s: float = Field(30.0, ge=0, description="how often aliases are checked for a new version (0: never)")

@@ -22,7 +22,7 @@ import numpy as np
 
 from harnessrl.encoders import EncoderIdentity, load_encoder
 from harnessrl.errors import ModelError
-from harnessrl.features import features_for
+from harnessrl.features import features_for, repeats_here
 from harnessrl.model_files import load_critic_files, load_ood_reference, load_tool_head
 from harnessrl.ood import is_ood
 from harnessrl.render import Layout, RequestState, parse_request_state
@@ -53,6 +53,7 @@ class Decision:
     fallback: bool
     reason: str | None
     ood: bool | None = None  # state far from every training state (None: the model keeps no reference)
+    repeats: list[int] | None = None  # candidates passed over as repeats (None: the rule was off)
 
 
 class Critic:
@@ -233,14 +234,30 @@ class Critic:
         reference, threshold = self.ood_reference
         return [bool(x) for x in is_ood(self.encode([self.render_state(s) for s in states]), reference, threshold)]
 
-    def decide_scores(self, scores: list[float], ood: bool | None = None) -> Decision:
+    def decide_scores(self, scores: list[float], ood: bool | None = None, repeats: list[int] | None = None,
+                      ranking: list[float] | None = None) -> Decision:
+        """The best candidate by `ranking` (default: `scores`), passing over the `repeats` unless
+        every candidate is one; the fallback threshold is checked against its critic score."""
         if not scores:
-            return Decision([], -1, True, "no candidates", ood)
-        best = int(np.argmax(scores))
+            return Decision([], -1, True, "no candidates", ood, repeats)
+        best = best_allowed(scores if ranking is None else ranking, repeats or ())
         if self.threshold is not None and scores[best] < self.threshold:
-            return Decision(scores, best, True, f"best score {scores[best]:.3f} below threshold {self.threshold:.3f}",
-                            ood)
-        return Decision(scores, best, False, None, ood)
+            return Decision(scores, best, True, f"critic score {scores[best]:.3f} of the chosen candidate below "
+                            f"threshold {self.threshold:.3f}", ood, repeats)
+        return Decision(scores, best, False, None, ood, repeats)
 
-    def decide(self, state: State, candidates: Sequence[str]) -> Decision:
-        return self.decide_scores(self.score(state, candidates), self.out_of_distribution([state])[0])
+    def repeats(self, state: State, candidates: Sequence[str]) -> list[int]:
+        """Candidates already taken from this state's observation (needs a structured state)."""
+        parsed = self.parse_state(state)
+        return repeats_here(parsed.history, parsed.observation, candidates)
+
+    def decide(self, state: State, candidates: Sequence[str], avoid_repeats: bool = False) -> Decision:
+        return self.decide_scores(self.score(state, candidates), self.out_of_distribution([state])[0],
+                                  self.repeats(state, candidates) if avoid_repeats else None)
+
+
+def best_allowed(ranking: Sequence[float], avoid: Sequence[int] = ()) -> int:
+    """argmax of `ranking` over the indices not in `avoid` (over all of them when none is left)."""
+    skip = set(avoid)
+    allowed = [i for i in range(len(ranking)) if i not in skip] or list(range(len(ranking)))
+    return max(allowed, key=lambda i: ranking[i])

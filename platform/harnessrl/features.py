@@ -37,11 +37,8 @@ def action_features(history: Sequence[Turn], observation: str, candidate: str, t
     """
     t = len(history)
     results = [h.result for h in history]
-    # the observation an earlier action was taken from: the result before it (unknown for the first)
-    before = [""] + results[:-1]
-    here = observation.strip()
     taken = sum(h.action == candidate for h in history)
-    taken_here = sum(h.action == candidate and b.strip() == here for h, b in zip(history, before))
+    taken_here = _times_taken_here(history, observation, candidate)
     seen: set[str] = set()
     last_new = 0
     for i, r in enumerate(results):
@@ -51,6 +48,20 @@ def action_features(history: Sequence[Turn], observation: str, candidate: str, t
     tool = tool_name(candidate, tool_from)
     uses = sum(tool_name(h.action, tool_from) == tool for h in history)
     return [math.log1p(taken), math.log1p(taken_here), math.log1p(t - last_new), math.log1p(t), math.log1p(uses)]
+
+
+def _times_taken_here(history: Sequence[Turn], observation: str, candidate: str) -> int:
+    """How often `candidate` was taken while the agent saw `observation` (the result of the turn
+    before; the first action's is unknown and counts as empty)."""
+    before = [""] + [h.result for h in history[:-1]]
+    here = observation.strip()
+    return sum(h.action == candidate and b.strip() == here for h, b in zip(history, before))
+
+
+def repeats_here(history: Sequence[Turn], observation: str, candidates: Sequence[str]) -> list[int]:
+    """Indices of the candidates already taken from this same observation: choosing one again
+    is how an agent loops (the serving and benchmark `avoid_repeats` rule skips them)."""
+    return [i for i, c in enumerate(candidates) if _times_taken_here(history, observation, c)]
 
 
 def features_for(history: Sequence[Turn], observation: str, candidates: Sequence[str],
