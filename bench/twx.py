@@ -342,7 +342,8 @@ def write_diagnosis(results: dict, out_dir: Path, log_to_mlflow: bool = True) ->
     for key, m in results["table"].items():
         scorer, tier, family = key.split("|")
         if family == "all":
-            figures[f"{tier}/{scorer}"] = {"success": m["success"], "ci95_low": m["ci95"][0], "ci95_high": m["ci95"][1],
+            # MLflow metric names take no "+": critic+norepeat is logged as critic_norepeat
+            figures[f"{tier}/{scorer.replace('+', '_')}"] = {"success": m["success"], "ci95_low": m["ci95"][0], "ci95_high": m["ci95"][1],
                                            "loop_rate": m["loop_rate"], "episodes": m["episodes"]}
     critic_eps = [e for e in episodes if e["scorer"] == "critic"]
     flags = [f for e in critic_eps for f in e.get("ood") or [] if f is not None]
@@ -586,6 +587,8 @@ def main(argv: list[str] | None = None) -> int:
         results = json.loads(Path(args.from_json).read_text())
     else:
         results = run(args)
+        if args.json:  # before the report: a failing report must not lose the episodes
+            Path(args.json).write_text(json.dumps(results, indent=1, default=str))
     if not args.from_json:
         report = write_diagnosis(results, Path(args.report or Path(results["config"]["work_dir"]) / "diagnosis"))
         results["report"] = str(report)
