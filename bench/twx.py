@@ -218,7 +218,7 @@ def play(engine, scorer: str, family: str, fold: str, seed: int, max_steps: int,
             body = ctx["critic"].score(state, candidates, avoid_repeats=no_repeat)
             best = int(body["best_index"])
             action, fallbacks, decisions = candidates[best], fallbacks + bool(body["fallback"]), decisions + 1
-            avoided += bool(body.get("repeats")) and best != max(range(len(candidates)), key=body["scores"].__getitem__)
+            avoided += best != best_allowed(body["scores"])
             ood.append(body.get("ood"))
             chosen_scores.append(float(body["scores"][best]))
         elif agent.startswith("bc"):

@@ -83,8 +83,16 @@ def test_http_score_matches_python_api(service, pipeline_run):
     r = httpx.post(f"{service}/v1/score", json={"agent_id": "a1", "state": state, "candidates": candidates}, timeout=60)
     assert r.status_code == 200, r.text
     body = r.json()
-    local = Critic.load(f"models:/{MODEL}@champion").score(state, candidates)
+    critic = Critic.load(f"models:/{MODEL}@champion")
+    local = critic.score(state, candidates)
     assert np.allclose(body["scores"], local, atol=1e-4)
+    # the library's avoid_repeats: the favourite, once taken from this observation, is passed over
+    fav = int(np.argmax(local))
+    looped = {**state, "history": [*state["history"], {"action": candidates[fav], "observation": state["observation"]}]}
+    d = critic.decide(looped, candidates, avoid_repeats=True)
+    assert d.repeats == [fav] and d.best_index != fav
+    assert d.best_index == max((i for i in range(3) if i != fav), key=d.scores.__getitem__)
+    assert critic.decide(looped, candidates).repeats is None
     assert body["model"]["name"] == MODEL and isinstance(body["fallback"], bool)
     trained = next(iter(_training_states(pipeline_run)))
     near = httpx.post(f"{service}/v1/score", json={"state": trained, "candidates": candidates}, timeout=60).json()

@@ -246,14 +246,13 @@ class Critic:
                             f"threshold {self.threshold:.3f}", ood, repeats)
         return Decision(scores, best, False, None, ood, repeats)
 
-    def repeats(self, state: State, candidates: Sequence[str]) -> list[int]:
-        """Candidates already taken from this state's observation (needs a structured state)."""
-        parsed = self.parse_state(state)
-        return repeats_here(parsed.history, parsed.observation, candidates)
-
     def decide(self, state: State, candidates: Sequence[str], avoid_repeats: bool = False) -> Decision:
-        return self.decide_scores(self.score(state, candidates), self.out_of_distribution([state])[0],
-                                  self.repeats(state, candidates) if avoid_repeats else None)
+        """Score, OOD check and the avoid_repeats rule from one parse and one encode of the state."""
+        prep = self.prepare([(state, candidates)])
+        (scores,), (far,) = self.score_prepared(prep, ood=True)
+        parsed = prep.parsed[0]
+        return self.decide_scores(scores, far, repeats_here(parsed.history, parsed.observation, candidates)
+                                  if avoid_repeats else None)
 
 
 def best_allowed(ranking: Sequence[float], avoid: Sequence[int] = ()) -> int:
