@@ -8,9 +8,15 @@
                 encode on the Ray Data actor pool (actor start and model loads included),
                 write `_texts/` and the encoded transitions
   (d) cached    (c) again with the persistent embedding cache filled (from (c)'s output)
-  with --opt-precision bfloat16 (the stage's opt-in CPU precision):
+  with --opt-precision P (bfloat16: the stage's opt-in CPU precision; float32 with --device cuda):
   (b') ceiling  (b) with the model at precision P
   (c') stage    (c) with `encoder.precision: P`
+
+With --device cuda, (a) and (b) run on the GPU in float16 (what the stage's `precision: auto`
+does on GPU actors), (c) runs GPU actors (--gpus-per-actor, default 1) and every figure comes
+with the GPUs' utilisation (NVML, sampled with the CPU). --scale N makes the corpus N times
+larger with N times the distinct texts (each copy's texts tagged with its copy number), so that
+a GPU has enough to do.
 
 then the stage's peak memory on a synthetic, highly repetitive corpus at 100k and 1M
 transitions (rows sampled with replacement from the corpus's first --mem-source-rows
@@ -28,6 +34,7 @@ on a shared machine, read it before the ratios.
     python bench/encode.py                          # a few minutes on 2 quiet cores
     python bench/encode.py --skip-memory --json /tmp/encode-bench.json
     python bench/encode.py --mem-rows 100000,1000000 --mem-candidates 0
+    python bench/encode.py --device cuda --scale 40 --batch-size 256 --skip-memory --skip-cached
     # --corpus builtin:twx-train --batch-size 32 --max-seq-length 128 --threads 2 --ray-cpus 2
     # --max-seconds S (per in-process method) --stage-timeout S (per Ray subprocess) --work-dir D
 """
@@ -108,9 +115,10 @@ def _system_ticks() -> tuple[int, int]:
 class Monitor:
     """Peak summed PSS of a process tree and the CPU used by it and by everything else."""
 
-    def __init__(self, root: int | None = None, interval: float = 0.25, memory: bool = True):
+    def __init__(self, root: int | None = None, interval: float = 0.25, memory: bool = True, gpu: bool = False):
         self.root, self.interval, self.memory = root or os.getpid(), interval, memory
         self.peak_kb, self.baseline_kb, self._ticks, self.peak_parts = 0, 0, {}, {}
+        self.gpus = Gpus() if gpu else None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -123,6 +131,8 @@ class Monitor:
                 total += parts[pid]
         if total > self.peak_kb:
             self.peak_kb, self.peak_parts = total, parts
+        if self.gpus:
+            self.gpus.sample()
         return total
 
     def top(self, n: int = 6) -> list[tuple[str, float]]:
@@ -160,9 +170,34 @@ class Monitor:
         self.others_share = max(0.0, (busy1 - self._sys0[0] - own) / elapsed)
 
     def report(self) -> dict:
-        return {"wall_s": round(self.wall, 2), "own_cpu_s": round(self.own_cpu_s, 1),
-                "others_cpu_share": round(self.others_share, 2), "peak_pss_mb": round(self.peak_kb / 1024, 1),
-                "baseline_pss_mb": round(self.baseline_kb / 1024, 1)}
+        out = {"wall_s": round(self.wall, 2), "own_cpu_s": round(self.own_cpu_s, 1),
+               "others_cpu_share": round(self.others_share, 2), "peak_pss_mb": round(self.peak_kb / 1024, 1),
+               "baseline_pss_mb": round(self.baseline_kb / 1024, 1)}
+        return {**out, **self.gpus.report()} if self.gpus else out
+
+
+class Gpus:
+    """Utilisation and memory of every GPU, through NVML (nvidia-ml-py): the share of each
+    sample period in which a kernel ran, and the memory in use."""
+
+    def __init__(self):
+        import pynvml
+
+        pynvml.nvmlInit()
+        self.nvml = pynvml
+        self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        self.util: list[int] = []
+        self.mem_mb = 0.0
+
+    def sample(self) -> None:
+        for h in self.handles:
+            self.util.append(self.nvml.nvmlDeviceGetUtilizationRates(h).gpu)
+            self.mem_mb = max(self.mem_mb, self.nvml.nvmlDeviceGetMemoryInfo(h).used / 2**20)
+
+    def report(self) -> dict:
+        util = self.util or [0]
+        return {"gpu_util_mean": round(sum(util) / len(util), 1), "gpu_util_max": max(util),
+                "gpu_mem_peak_mb": round(self.mem_mb), "gpus": len(self.handles)}
 
 
 # ---- subprocess modes (each with its own local Ray) -----------------------------------------------
@@ -204,7 +239,7 @@ def sub_stage(args) -> None:
     cfg = EncoderConfig(**json.loads(args.sub_cfg))
     ray.data.read_parquet(args.sub_transitions).count()  # workers started, files in the page cache
     time.sleep(2)
-    with Monitor(memory=bool(int(args.sub_memory))) as mon:
+    with Monitor(memory=bool(int(args.sub_memory)), gpu=cfg.gpus_per_actor > 0) as mon:
         result = encode(args.sub_transitions, args.sub_dir, cfg)
     print("RESULT " + json.dumps({**mon.report(), "top": mon.top(), "result": result.summary()}), flush=True)
 
@@ -235,11 +270,12 @@ def run_sub(mode: str, timeout: float, script: str = __file__, **kw) -> dict:
 
 
 # ---- the in-process methods ----------------------------------------------------------------------
-def timed_encode(model, lists: list[list[str]], batch_size: int, max_seconds: float, chunk: int = 8192) -> dict:
+def timed_encode(model, lists: list[list[str]], batch_size: int, max_seconds: float, chunk: int = 8192,
+                 gpu: bool = False) -> dict:
     """`model.encode` over each list (one call per list, or per `chunk` texts), bounded in time:
     past `max_seconds` the rest is skipped and the rate extrapolated (`complete: false`)."""
     done = total = 0
-    with Monitor(memory=False) as mon:
+    with Monitor(memory=False, gpu=gpu) as mon:
         for texts in lists:
             total += len(texts)
             for start in range(0, len(texts), chunk):
@@ -252,6 +288,11 @@ def timed_encode(model, lists: list[list[str]], batch_size: int, max_seconds: fl
     rate = done / max(rep["wall_s"], 1e-9)
     return {**rep, "texts": total, "encoded": done, "complete": done == total,
             "wall_s": round(rep["wall_s"] if done == total else total / max(rate, 1e-9), 2)}
+
+
+def show(out: dict, key: str) -> None:
+    """One method's figures as soon as they exist (a later failure keeps them in the log)."""
+    print(f"  {key}: {json.dumps(out[key])[:400]}", flush=True)
 
 
 def mon_elapsed(mon: Monitor) -> float:
@@ -295,6 +336,35 @@ def synthetic(source: Path, out: Path, rows: int, source_rows: int, seed: int = 
     return rows
 
 
+def scaled(source: Path, out: Path, copies: int) -> Path:
+    """`copies` copies of the transitions under `out`, each copy's texts (states, actions, next
+    states, candidates) and episode ids tagged with its number: the same length distribution and
+    repetition within a copy, `copies` times the rows and the distinct texts."""
+    import pyarrow as pa
+    import pyarrow.dataset as pads
+    import pyarrow.parquet as pq
+
+    marker = out / "_scaled.json"
+    if marker.exists() and json.loads(marker.read_text()) == {"copies": copies}:
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    base = pads.dataset(str(source), format="parquet").to_table()
+    cols = {c: base.column(c).to_pylist() for c in ("episode_id", "state_text", "action_text", "next_state_text")}
+    cands = base.column("candidates").to_pylist()
+    for k in range(copies):
+        tag = f"[{k}] "
+        part = base
+        for c, values in cols.items():
+            new = [v if v is None else f"{v}#{k}" if c == "episode_id" else tag + v for v in values]
+            part = part.set_column(part.schema.get_field_index(c), c, pa.array(new, pa.string()))
+        part = part.set_column(part.schema.get_field_index("candidates"), "candidates",
+                               pa.array([row and [tag + x for x in row] for row in cands], base.schema.field("candidates").type))
+        pq.write_table(part, out / f"part-{k:04d}.parquet", compression="zstd")
+    marker.write_text(json.dumps({"copies": copies}))
+    return out
+
+
 # ---- main -----------------------------------------------------------------------------------------
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -311,8 +381,12 @@ def main() -> None:
     ap.add_argument("--mem-rows", default="100000,1000000")
     ap.add_argument("--mem-source-rows", type=int, default=400)
     ap.add_argument("--mem-candidates", type=int, default=0, help="untaken candidates embedded per row in the memory runs")
-    ap.add_argument("--opt-precision", default=None, choices=["bfloat16"],
-                    help="also run the ceiling and the stage at this opt-in CPU precision")
+    ap.add_argument("--opt-precision", default=None, choices=["bfloat16", "float32"],
+                    help="also run the ceiling and the stage at this precision (bfloat16: CPU; float32: --device cuda)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="cuda: (a)/(b) on the GPU in float16, (c) on GPU actors")
+    ap.add_argument("--gpus-per-actor", type=float, default=None, help="(c) with --device cuda (default 1)")
+    ap.add_argument("--scale", type=int, default=1, help="N copies of the corpus with distinct texts (see above)")
     ap.add_argument("--work-dir", default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--sub", default=None, help=argparse.SUPPRESS)
@@ -335,6 +409,11 @@ def main() -> None:
         run_sub("prepare", args.stage_timeout, corpus=args.corpus, ray_cpus=args.ray_cpus, sub_dir=work)
         marker.write_text(json.dumps(spec))
     transitions = work / "transitions"
+    if args.scale > 1:
+        transitions = scaled(transitions, work / f"transitions-x{args.scale}", args.scale)
+    gpu = args.device == "cuda"
+    if args.opt_precision and (args.opt_precision == "float32") != gpu:
+        ap.error("--opt-precision bfloat16 is for --device cpu, float32 for --device cuda")
     lists, distinct = load_texts(transitions, args.max_candidates)
     n_rows, n_naive = len(lists[0]), sum(len(x) for x in lists)
     print(f"corpus {args.corpus}: {n_rows} transitions, {n_naive} state/action/next-state texts, "
@@ -345,25 +424,34 @@ def main() -> None:
     from harnessrl.encoders import load_encoder
 
     torch.set_num_threads(args.threads)
-    model, identity = load_encoder(max_seq_length=args.max_seq_length)
+    model, identity = load_encoder(device=args.device, max_seq_length=args.max_seq_length)
+    if gpu:
+        model.half()  # as the stage's GPU actors do (precision: auto)
     model.encode(distinct[:64], batch_size=args.batch_size, show_progress_bar=False)  # warm-up
     out: dict = {"corpus": args.corpus, "transitions": n_rows, "naive_texts": n_naive, "distinct_texts": len(distinct),
                  "batch_size": args.batch_size, "max_seq_length": args.max_seq_length, "threads": args.threads,
-                 "ray_cpus": args.ray_cpus, "cpus": os.cpu_count(), "encoder": json.loads(identity.to_json())}
+                 "ray_cpus": args.ray_cpus, "cpus": os.cpu_count(), "encoder": json.loads(identity.to_json()),
+                 "device": torch.cuda.get_device_name(0) if gpu else "cpu", "scale": args.scale}
 
     print("(a) naive ...", flush=True)
-    out["a_naive"] = timed_encode(model, lists, args.batch_size, args.max_seconds)
+    out["a_naive"] = timed_encode(model, lists, args.batch_size, args.max_seconds, gpu=gpu)
+    show(out, "a_naive")
     print("(b) ceiling ...", flush=True)
-    out["b_ceiling"] = timed_encode(model, [distinct], args.batch_size, args.max_seconds)
+    out["b_ceiling"] = timed_encode(model, [distinct], args.batch_size, args.max_seconds, gpu=gpu)
+    show(out, "b_ceiling")
     if args.opt_precision:
         import copy
 
         from harnessrl.encoders import set_precision
 
-        opt = set_precision(copy.deepcopy(model), args.opt_precision, "cpu")
+        if gpu:
+            opt = load_encoder(device="cuda", max_seq_length=args.max_seq_length)[0]
+        else:
+            opt = set_precision(copy.deepcopy(model), args.opt_precision, "cpu")
         opt.encode(distinct[:64], batch_size=args.batch_size, show_progress_bar=False)
         print(f"(b') ceiling at {args.opt_precision} ...", flush=True)
-        out["b_opt"] = timed_encode(opt, [distinct], args.batch_size, args.max_seconds)
+        out["b_opt"] = timed_encode(opt, [distinct], args.batch_size, args.max_seconds, gpu=gpu)
+        show(out, "b_opt")
         probe = distinct[:: max(1, len(distinct) // 1000)]
         ref = model.encode(probe, batch_size=args.batch_size, convert_to_numpy=True, show_progress_bar=False)
         got = opt.encode(probe, batch_size=args.batch_size, convert_to_numpy=True, show_progress_bar=False)
@@ -373,14 +461,18 @@ def main() -> None:
         del opt
     del model
     cfg = {"batch_size": args.batch_size, "max_seq_length": args.max_seq_length, "max_candidates": args.max_candidates}
+    if gpu:
+        cfg["gpus_per_actor"] = args.gpus_per_actor or 1.0
     print("(c) harnessrl encode stage ...", flush=True)
     out["c_stage"] = run_sub("stage", args.stage_timeout, ray_cpus=args.ray_cpus, sub_dir=work / "encoded",
                              sub_transitions=transitions, sub_cfg=json.dumps(cfg), sub_memory=0)
+    show(out, "c_stage")
     if args.opt_precision:
         print(f"(c') harnessrl encode stage at {args.opt_precision} ...", flush=True)
         out["c_opt"] = run_sub("stage", args.stage_timeout, ray_cpus=args.ray_cpus, sub_dir=work / "encoded-opt",
                                sub_transitions=transitions,
                                sub_cfg=json.dumps({**cfg, "precision": args.opt_precision}), sub_memory=0)
+        show(out, "c_opt")
         shutil.rmtree(work / "encoded-opt", ignore_errors=True)
     if not args.skip_cached:
         print("(d) stage with a filled embedding cache ...", flush=True)
@@ -390,6 +482,7 @@ def main() -> None:
         out["d_cached"] = run_sub("stage", args.stage_timeout, ray_cpus=args.ray_cpus, sub_dir=work / "encoded-cached",
                                   sub_transitions=transitions, sub_cfg=json.dumps({**cfg, "cache": str(cache_root)}),
                                   sub_memory=0)
+        show(out, "d_cached")
     if not args.skip_memory:
         out["memory"] = []
         for rows in [int(r) for r in args.mem_rows.split(",") if r]:
@@ -427,22 +520,25 @@ def print_report(out: dict) -> None:
     if "b_opt" in out:
         p = out["opt_precision"]["precision"]
         rows.insert(2, (f"(b') ceiling at {p}", out["b_opt"], n_naive, n_distinct))
-        rows.append((f"(c') stage at {p} (opt-in)", out["c_opt"], n_naive, n_distinct))
+        rows.append((f"(c') stage at {p}", out["c_opt"], n_naive, n_distinct))
     if "d_cached" in out:
         rows.append(("(d) stage, embedding cache filled", out["d_cached"], n_naive, n_distinct))
     print()
     print(f"corpus {out['corpus']}: {out['transitions']} transitions, {n_naive} state/action/next-state texts, "
           f"{n_distinct} distinct texts; MiniLM max_seq_length {out['max_seq_length']}, batch {out['batch_size']}, "
-          f"{out['cpus']} CPUs (torch threads {out['threads']} for a/b; Ray {out['ray_cpus']} CPUs for c/d)")
+          f"{out['cpus']} CPUs (torch threads {out['threads']} for a/b; Ray {out['ray_cpus']} CPUs for c/d); "
+          f"device {out.get('device', 'cpu')}, corpus x{out.get('scale', 1)}")
+    gpu = out.get("device", "cpu") != "cpu"
     print(f"{'method':42s} {'encoded':>8s} {'wall s':>8s} {'texts/s':>9s} {'distinct/s':>11s} {'CPU s':>8s} "
-          f"{'others CPU':>10s}")
+          f"{'others CPU':>10s}" + (f" {'GPU util mean/max':>18s} {'GPU MB':>7s}" if gpu else ""))
     for name, rep, texts, dist in rows:
         wall = rep["wall_s"]
         encoded = rep.get("encoded", rep.get("result", {}).get("texts_encoded", ""))
         mark = "" if rep.get("complete", True) else " (time limit: wall extrapolated from the encoded part)"
         d = f"{dist / wall:11.1f}" if dist else f"{'':>11s}"
+        g = f" {rep['gpu_util_mean']:12.0f}% / {rep['gpu_util_max']:3d}% {rep['gpu_mem_peak_mb']:7d}" if "gpu_util_mean" in rep else ""
         print(f"{name:42s} {encoded!s:>8s} {wall:8.1f} {texts / wall:9.1f} {d} {rep['own_cpu_s']:8.0f} "
-              f"{rep['others_cpu_share']:9.0%}{mark}")
+              f"{rep['others_cpu_share']:9.0%}{g}{mark}")
     print("texts/s: the corpus's state/action/next-state texts per second of wall time; distinct/s: its distinct "
           "texts per second; CPU s: CPU time of the method's processes (for (c)/(d) the whole local Ray); "
           "others CPU: share of the machine's CPU that other processes used meanwhile")
@@ -458,9 +554,9 @@ def print_report(out: dict) -> None:
         p, co = out["opt_precision"], out["c_opt"]["wall_s"]
         out["ratios"].update(a_over_c_opt_wall=round(a / co, 2), c_opt_over_b_distinct_rate=round(b / co, 2),
                              c_opt_over_b_opt_distinct_rate=round(out["b_opt"]["wall_s"] / co, 2))
-        print(f"(c') {p['precision']} vs (a): {a / co:.2f}x faster in wall time; {b / co:.2f}x of the float32 "
-              f"ceiling's distinct texts/s, {out['b_opt']['wall_s'] / co:.2f}x of the {p['precision']} ceiling's; "
-              f"cosine to float32 over {p['texts']} texts: min {p['cosine_min']:.4f}, mean {p['cosine_mean']:.4f}")
+        print(f"(c') {p['precision']} vs (a): {a / co:.2f}x faster in wall time; {b / co:.2f}x of (b)'s "
+              f"distinct texts/s, {out['b_opt']['wall_s'] / co:.2f}x of (b')'s; cosine between (b)'s and (b')'s "
+              f"vectors over {p['texts']} texts: min {p['cosine_min']:.4f}, mean {p['cosine_mean']:.4f}")
     if "d_cached" in out:
         print(f"(d) vs (c): {c / out['d_cached']['wall_s']:.2f}x faster with every text in the cache "
               f"({out['d_cached']['result']['texts_cached']} cached, {out['d_cached']['result']['texts_encoded']} encoded)")

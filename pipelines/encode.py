@@ -98,16 +98,18 @@ class PoolPlan:
     half: bool
     notes: tuple[str, ...] = field(default_factory=tuple)
 
-    def map_kwargs(self) -> dict:
-        """The `map_batches` arguments that place the actor pool."""
+    def map_kwargs(self, block_texts: int) -> dict:
+        """The `map_batches` arguments that place the actor pool: each call gets one block (of at
+        most `block_texts` texts); Ray Data refuses GPU actors without an explicit batch size, so
+        GPU pools get `block_texts` (small blocks are then bundled up to it)."""
         import ray
 
         # (Ray Data places pool actors with its default SPREAD strategy: on a cluster the encoders go
         # to different nodes before doubling up; tests/test_cluster_jobs.py checks it.)
         kwargs: dict = {"compute": ray.data.ActorPoolStrategy(min_size=self.min_actors, max_size=self.max_actors),
-                        "num_cpus": self.cpus_per_actor}
+                        "num_cpus": self.cpus_per_actor, "batch_size": None}
         if self.gpus_per_actor:
-            kwargs["num_gpus"] = self.gpus_per_actor
+            kwargs.update(num_gpus=self.gpus_per_actor, batch_size=block_texts)
         return kwargs
 
 
@@ -682,9 +684,9 @@ def encode(transitions_dir: str, out_dir: str, cfg: EncoderConfig) -> EncodeResu
                 # unit of work is `block_texts` texts of similar length, not one input file
                 new_texts = new_texts.repartition(target_num_rows_per_block=cfg.block_texts)
                 new_texts.map_batches(
-                    _Encoder, batch_format="pyarrow", batch_size=None,
+                    _Encoder, batch_format="pyarrow",
                     fn_constructor_kwargs={"cfg": cfg, "plan": plan, "identity": identity.to_json(), "eager": eager},
-                    **plan.map_kwargs(),
+                    **plan.map_kwargs(cfg.block_texts),
                 ).write_parquet(emb_dir, compression="zstd")
             summaries = ray.get([r.summary.remote() for r in registries])
         finally:

@@ -312,8 +312,15 @@ def test_pool_plan_budgets_each_node():
     assert p.max_actors == 4
 
 
-def test_gpu_options_validated_on_cpu():
+class _Identity:
+    def __call__(self, batch):
+        return batch
+
+
+def test_gpu_options_validated_on_cpu(ray_local):
     """Configuration only: no GPU is used."""
+    import ray
+
     from harnessrl.pipelines.encode import plan_pool
 
     with pytest.raises(ConfigError, match="has 0 GPU"):
@@ -321,12 +328,15 @@ def test_gpu_options_validated_on_cpu():
     gpu_cluster = {"CPU": 32.0, "GPU": 2.0, "memory": 200 * GiB}
     p = plan_pool(EncoderConfig(gpus_per_actor=0.5, batch_size=256), gpu_cluster, node_cpus=16)
     assert (p.min_actors, p.max_actors, p.gpus_per_actor, p.device, p.half) == (4, 4, 0.5, "cuda", True)
-    kwargs = p.map_kwargs()
-    assert kwargs["num_gpus"] == 0.5 and kwargs["num_cpus"] == 0.5
+    kwargs = p.map_kwargs(256)
+    assert kwargs["num_gpus"] == 0.5 and kwargs["num_cpus"] == 0.5 and kwargs["batch_size"] == 256
     assert (kwargs["compute"].min_size, kwargs["compute"].max_size) == (4, 4)
+    # Ray Data accepts them: it checks GPU map arguments when the dataset is defined, before any
+    # scheduling (without a batch size it refused GPU actors, seen on the first GPU run)
+    ray.data.range(4).map_batches(_Identity, **kwargs)
     p = plan_pool(EncoderConfig(gpus_per_actor=1, precision="float32", max_actors=8), gpu_cluster)
     assert (p.max_actors, p.half) == (2, False) and p.notes  # 8 asked, 2 GPUs
-    assert "num_gpus" not in plan_pool(EncoderConfig(), gpu_cluster).map_kwargs()
+    assert "num_gpus" not in plan_pool(EncoderConfig(), gpu_cluster).map_kwargs(256)
 
     base = {"data": {"train": ["x"]}}
     for encoder, message in (

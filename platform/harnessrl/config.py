@@ -62,13 +62,15 @@ class EncoderConfig(_Strict):
     min_actors: int | None = Field(None, ge=1, description="autoscaling pool: smallest size (None: max_actors)")
     max_actors: int | None = Field(None, ge=1, description="autoscaling pool: largest size (None: fit the cluster)")
     cpus_per_actor: float = Field(0.5, gt=0)
-    gpus_per_actor: float = Field(0.0, ge=0, description="0: CPU actors; 1: one GPU each; 0.5: two share a GPU")
+    gpus_per_actor: float = Field(0.0, ge=0, description="0: CPU actors; 1: one GPU each; 0.25: four share a GPU "
+                                                          "(small models like MiniLM: one actor cannot keep a GPU busy)")
     precision: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         "auto", description="model compute: auto = float16 on GPU, float32 on CPU; opt-in on CPU actors: bfloat16 "
                             "(autocast; fast on AVX512-BF16/AMX CPUs), part of the encoder identity: its vectors "
                             "are not mixed with float32 ones (caches, critics)")
     dtype: Literal["float32", "float16"] = Field("float32", description="stored embedding columns")
-    block_texts: int = Field(256, ge=16, description="distinct texts per encoder actor call (sorted by length there)")
+    block_texts: int = Field(256, ge=16, description="distinct texts per encoder actor call (sorted by length there); "
+                                                     "1024 suits GPU actors")
     cache: str | None = Field(None, description="persistent embedding cache: a local folder or s3:// URI; None = off")
 
     @model_validator(mode="after")

@@ -40,8 +40,13 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     else:
         # The dashboard serves the State API (Ray Train's placement-group cleaner polls it)
         # and job submission; it binds to loopback like the rest.
+        dashboard = dashboard_available()
+        if not dashboard:
+            logging.getLogger(__name__).warning(
+                "starting local Ray without its dashboard: its packages are missing (a minimal `ray` install); "
+                "encode and ingest run, training and job submission need `pip install 'ray[default]'`")
         ray.init(
-            include_dashboard=True,
+            include_dashboard=dashboard,
             dashboard_host="127.0.0.1",
             dashboard_port=_free_port(8265),  # two local instances (say, serve + run) must not collide
             num_cpus=num_cpus,
@@ -55,6 +60,16 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     ctx = DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
+
+
+def dashboard_available() -> bool:
+    """Whether Ray's dashboard can start here: a minimal `ray` install (no `ray[default]`, as on a
+    bare GPU image) lacks its packages, and `include_dashboard=True` would refuse to start Ray."""
+    try:
+        import ray.dashboard.optional_deps  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _free_port(preferred: int) -> int:
