@@ -33,7 +33,7 @@ on a shared machine, read it before the ratios.
 
     python bench/encode.py                          # a few minutes on 2 quiet cores
     python bench/encode.py --skip-memory --json /tmp/encode-bench.json
-    python bench/encode.py --mem-rows 100000,1000000 --mem-candidates 0
+    python bench/encode.py --memory-only --mem-rows 100000,1000000 --mem-candidates 0
     python bench/encode.py --device cuda --scale 40 --batch-size 256 --skip-memory --skip-cached
     # --corpus builtin:twx-train --batch-size 32 --max-seq-length 128 --threads 2 --ray-cpus 2
     # --max-seconds S (per in-process method) --stage-timeout S (per Ray subprocess) --work-dir D
@@ -377,6 +377,7 @@ def main() -> None:
     ap.add_argument("--max-seconds", type=float, default=600, help="per in-process method; the rest is extrapolated")
     ap.add_argument("--stage-timeout", type=float, default=900, help="per Ray subprocess")
     ap.add_argument("--skip-memory", action="store_true")
+    ap.add_argument("--memory-only", action="store_true", help="only the stage's peak memory at --mem-rows")
     ap.add_argument("--skip-cached", action="store_true")
     ap.add_argument("--mem-rows", default="100000,1000000")
     ap.add_argument("--mem-source-rows", type=int, default=400)
@@ -414,6 +415,37 @@ def main() -> None:
     gpu = args.device == "cuda"
     if args.opt_precision and (args.opt_precision == "float32") != gpu:
         ap.error("--opt-precision bfloat16 is for --device cpu, float32 for --device cuda")
+    out: dict = {"corpus": args.corpus, "batch_size": args.batch_size, "max_seq_length": args.max_seq_length,
+                 "threads": args.threads, "ray_cpus": args.ray_cpus, "cpus": os.cpu_count(), "scale": args.scale}
+    cfg = {"batch_size": args.batch_size, "max_seq_length": args.max_seq_length, "max_candidates": args.max_candidates}
+    if gpu:
+        cfg["gpus_per_actor"] = args.gpus_per_actor or 1.0
+    if not args.memory_only:
+        throughput(args, work, transitions, cfg, out)
+    if not args.skip_memory:
+        out["memory"] = []
+        for rows in [int(r) for r in args.mem_rows.split(",") if r]:
+            print(f"memory: {rows} synthetic transitions ...", flush=True)
+            syn = work / f"synthetic-{rows}"
+            synthetic(transitions, syn, rows, args.mem_source_rows)
+            mcfg = {**cfg, "max_candidates": args.mem_candidates, "dtype": "float16"}
+            res = run_sub("stage", args.stage_timeout, ray_cpus=args.ray_cpus, sub_dir=work / f"encoded-{rows}",
+                          sub_transitions=syn, sub_cfg=json.dumps(mcfg))
+            out["memory"].append({"rows": rows, **res})
+            shutil.rmtree(work / f"encoded-{rows}", ignore_errors=True)
+            shutil.rmtree(syn, ignore_errors=True)
+    print_report(out)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    if not args.work_dir:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+
+
+def throughput(args, work: Path, transitions: Path, cfg: dict, out: dict) -> None:
+    """(a)-(d) into `out`."""
+    gpu = args.device == "cuda"
     lists, distinct = load_texts(transitions, args.max_candidates)
     n_rows, n_naive = len(lists[0]), sum(len(x) for x in lists)
     print(f"corpus {args.corpus}: {n_rows} transitions, {n_naive} state/action/next-state texts, "
@@ -428,10 +460,8 @@ def main() -> None:
     if gpu:
         model.half()  # as the stage's GPU actors do (precision: auto)
     model.encode(distinct[:64], batch_size=args.batch_size, show_progress_bar=False)  # warm-up
-    out: dict = {"corpus": args.corpus, "transitions": n_rows, "naive_texts": n_naive, "distinct_texts": len(distinct),
-                 "batch_size": args.batch_size, "max_seq_length": args.max_seq_length, "threads": args.threads,
-                 "ray_cpus": args.ray_cpus, "cpus": os.cpu_count(), "encoder": json.loads(identity.to_json()),
-                 "device": torch.cuda.get_device_name(0) if gpu else "cpu", "scale": args.scale}
+    out.update({"transitions": n_rows, "naive_texts": n_naive, "distinct_texts": len(distinct),
+                "encoder": json.loads(identity.to_json()), "device": torch.cuda.get_device_name(0) if gpu else "cpu"})
 
     print("(a) naive ...", flush=True)
     out["a_naive"] = timed_encode(model, lists, args.batch_size, args.max_seconds, gpu=gpu)
@@ -460,9 +490,6 @@ def main() -> None:
                                 "cosine_min": round(float(cos.min()), 5), "cosine_mean": round(float(cos.mean()), 5)}
         del opt
     del model
-    cfg = {"batch_size": args.batch_size, "max_seq_length": args.max_seq_length, "max_candidates": args.max_candidates}
-    if gpu:
-        cfg["gpus_per_actor"] = args.gpus_per_actor or 1.0
     print("(c) harnessrl encode stage ...", flush=True)
     out["c_stage"] = run_sub("stage", args.stage_timeout, ray_cpus=args.ray_cpus, sub_dir=work / "encoded",
                              sub_transitions=transitions, sub_cfg=json.dumps(cfg), sub_memory=0)
@@ -483,23 +510,6 @@ def main() -> None:
                                   sub_transitions=transitions, sub_cfg=json.dumps({**cfg, "cache": str(cache_root)}),
                                   sub_memory=0)
         show(out, "d_cached")
-    if not args.skip_memory:
-        out["memory"] = []
-        for rows in [int(r) for r in args.mem_rows.split(",") if r]:
-            print(f"memory: {rows} synthetic transitions ...", flush=True)
-            syn = work / f"synthetic-{rows}"
-            synthetic(transitions, syn, rows, args.mem_source_rows)
-            mcfg = {**cfg, "max_candidates": args.mem_candidates, "dtype": "float16"}
-            res = run_sub("stage", args.stage_timeout, ray_cpus=args.ray_cpus, sub_dir=work / f"encoded-{rows}",
-                          sub_transitions=syn, sub_cfg=json.dumps(mcfg))
-            out["memory"].append({"rows": rows, **res})
-            shutil.rmtree(work / f"encoded-{rows}", ignore_errors=True)
-            shutil.rmtree(syn, ignore_errors=True)
-    print_report(out)
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2))
-    if not args.work_dir:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def fill_cache(texts_dir: Path, root: str, identity) -> None:
@@ -513,6 +523,13 @@ def fill_cache(texts_dir: Path, root: str, identity) -> None:
 
 
 def print_report(out: dict) -> None:
+    if "a_naive" in out:
+        print_throughput(out)
+    if out.get("memory"):
+        print_memory(out)
+
+
+def print_throughput(out: dict) -> None:
     n_naive, n_distinct = out["naive_texts"], out["distinct_texts"]
     rows = [("(a) naive: model.encode per transition", out["a_naive"], n_naive, None),
             ("(b) ceiling: distinct texts, one call", out["b_ceiling"], n_naive, n_distinct),
@@ -560,23 +577,26 @@ def print_report(out: dict) -> None:
     if "d_cached" in out:
         print(f"(d) vs (c): {c / out['d_cached']['wall_s']:.2f}x faster with every text in the cache "
               f"({out['d_cached']['result']['texts_cached']} cached, {out['d_cached']['result']['texts_encoded']} encoded)")
-    if out.get("memory"):
-        print()
-        print("stage memory, synthetic corpus (rows sampled from a few hundred transitions; float16 columns):")
-        print(f"{'rows':>9s} {'distinct':>9s} {'wall s':>8s} {'peak PSS MB':>12s} {'Ray idle MB':>12s} "
-              f"{'stage MB':>9s} {'driver RSS MB':>14s}")
-        for m in out["memory"]:
-            r = m["result"]
-            print(f"{m['rows']:9d} {r['texts_distinct']:9d} {m['wall_s']:8.1f} {m['peak_pss_mb']:12.0f} "
-                  f"{m['baseline_pss_mb']:12.0f} {m['peak_pss_mb'] - m['baseline_pss_mb']:9.0f} "
-                  f"{r['driver_peak_rss_mb']:14.0f}")
-        if len(out["memory"]) >= 2:
-            lo, hi = out["memory"][0], out["memory"][-1]
-            ratio = hi["peak_pss_mb"] / lo["peak_pss_mb"]
-            stage = (hi["peak_pss_mb"] - hi["baseline_pss_mb"]) / max(1e-9, lo["peak_pss_mb"] - lo["baseline_pss_mb"])
-            out["ratios"].update(memory_peak=round(ratio, 2), memory_stage=round(stage, 2))
-            print(f"peak memory {hi['rows']} vs {lo['rows']} rows: {ratio:.2f}x (whole Ray tree), "
-                  f"{stage:.2f}x (above idle Ray) (target <= 1.25x)")
+
+
+def print_memory(out: dict) -> None:
+    """The memory runs' table and the 1M / 100k ratio."""
+    print()
+    print("stage memory, synthetic corpus (rows sampled from a few hundred transitions; float16 columns):")
+    print(f"{'rows':>9s} {'distinct':>9s} {'wall s':>8s} {'peak PSS MB':>12s} {'Ray idle MB':>12s} "
+          f"{'stage MB':>9s} {'driver RSS MB':>14s}")
+    for m in out["memory"]:
+        r = m["result"]
+        print(f"{m['rows']:9d} {r['texts_distinct']:9d} {m['wall_s']:8.1f} {m['peak_pss_mb']:12.0f} "
+              f"{m['baseline_pss_mb']:12.0f} {m['peak_pss_mb'] - m['baseline_pss_mb']:9.0f} "
+              f"{r['driver_peak_rss_mb']:14.0f}")
+    if len(out["memory"]) >= 2:
+        lo, hi = out["memory"][0], out["memory"][-1]
+        ratio = hi["peak_pss_mb"] / lo["peak_pss_mb"]
+        stage = (hi["peak_pss_mb"] - hi["baseline_pss_mb"]) / max(1e-9, lo["peak_pss_mb"] - lo["baseline_pss_mb"])
+        out.setdefault("ratios", {}).update(memory_peak=round(ratio, 2), memory_stage=round(stage, 2))
+        print(f"peak memory {hi['rows']} vs {lo['rows']} rows: {ratio:.2f}x (whole Ray tree), "
+              f"{stage:.2f}x (above idle Ray) (target <= 1.25x)")
 
 
 if __name__ == "__main__":
