@@ -361,18 +361,10 @@ def write_diagnosis(results: dict, out_dir: Path, log_to_mlflow: bool = True) ->
     report = diagnosis.render_report(findings, figures, curves, arrays, out_dir,
                                      title="harnessrl diagnosis: closed-loop TextWorldExpress benchmark")
     if log_to_mlflow:
-        import math
+        from harnessrl import metrics
+        from harnessrl.jobs.evaluate import log_report
 
-        import mlflow
-
-        from harnessrl import metrics, registry
-
-        with mlflow.start_run(experiment_id=registry.ensure_experiment("twx-bench"), run_name="twx-bench") as run:
-            mlflow.log_metrics({k: float(v) for k, v in metrics.flatten(figures).items()
-                                if isinstance(v, (int, float)) and math.isfinite(v)})
-            mlflow.log_dict({"findings": [f.to_dict() for f in findings]}, "findings.json")
-            mlflow.log_artifacts(str(out_dir), artifact_path="diagnosis")
-            results["mlflow_run_id"] = run.info.run_id
+        results["mlflow_run_id"] = log_report(metrics.flatten(figures), findings, out_dir, "twx-bench", "twx-bench")
     results["findings"] = [f.to_dict() for f in findings]
     return report
 

@@ -253,7 +253,11 @@ def evaluate(model_uri: str, sources: list[str], fmt: str = "auto", out_dir: str
         {"q": values["q"], "advantage": values["q"] - values["v"], "value": values["v"],
          "return_to_go": np.array([x["return_to_go"] for x in rows])},
         storage.join(out, "report"), title=f"harnessrl diagnosis: {critic.name} v{critic.version}")
-    run_id = _log(critic, figures, findings, report, experiment) if log_to_mlflow else None
+    run_id = None
+    if log_to_mlflow:
+        run_id = log_report({f"eval/{k}": v for k, v in figures.items()}, findings, report.parent, experiment,
+                            f"evaluate-{critic.name}-v{critic.version}",
+                            {"harnessrl.model": critic.name, "harnessrl.model_version": str(critic.version)})
     model = {"name": critic.name, "version": critic.version, "uri": model_uri}
     log.info("evaluate: %d held-out steps of %d episodes in %.0f s; %d finding(s)", len(rows),
              figures["episodes"], time.time() - started, len(findings))
@@ -262,18 +266,21 @@ def evaluate(model_uri: str, sources: list[str], fmt: str = "auto", out_dir: str
                             sizes={"records_in": ing.records_in, "quarantined": ing.records_quarantined})
 
 
-def _log(critic, figures: dict, findings: list, report, experiment: str) -> str:
+def log_report(metrics: dict, findings: list, report_dir, experiment: str, run_name: str,
+               tags: dict[str, str] | None = None) -> str:
+    """One MLflow run holding a diagnosis: the finite numeric metrics, the findings as JSON and
+    the report folder (markdown and plots) under `diagnosis/`; returns the run id. Used by
+    `evaluate` and by bench/twx.py."""
     import math
 
     import mlflow
 
     from harnessrl import registry
 
-    experiment_id = registry.ensure_experiment(experiment)
-    with mlflow.start_run(experiment_id=experiment_id, run_name=f"evaluate-{critic.name}-v{critic.version}") as run:
-        mlflow.set_tags({"harnessrl.model": critic.name, "harnessrl.model_version": str(critic.version)})
-        mlflow.log_metrics({f"eval/{k}": float(v) for k, v in figures.items()
-                            if isinstance(v, (int, float)) and math.isfinite(v)})
+    with mlflow.start_run(experiment_id=registry.ensure_experiment(experiment), run_name=run_name) as run:
+        if tags:
+            mlflow.set_tags(tags)
+        mlflow.log_metrics({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)})
         mlflow.log_dict({"findings": [f.to_dict() for f in findings]}, "findings.json")
-        mlflow.log_artifacts(str(report.parent), artifact_path="diagnosis")
+        mlflow.log_artifacts(str(report_dir), artifact_path="diagnosis")
         return run.info.run_id
