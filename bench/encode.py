@@ -441,8 +441,6 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-
-
 def throughput(args, work: Path, transitions: Path, cfg: dict, out: dict) -> None:
     """(a)-(d) into `out`."""
     gpu = args.device == "cuda"
