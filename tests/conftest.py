@@ -121,6 +121,18 @@ def pipeline_run(ray_local, sample_slice, tmp_path_factory):
     return summary
 
 
+def import_bench(name: str):
+    """A bench/ script as a module (bench/ is no package: its scripts import each other by name)."""
+    import importlib
+
+    folder = str(Path(__file__).resolve().parents[1] / "bench")
+    sys.path.insert(0, folder)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(folder)
+
+
 def table(path: Path):
     return pads.dataset(str(path), format="parquet").to_table()
 

@@ -4,24 +4,17 @@ groups apart, the figures add up, and both scorers run with the real MiniLM."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
+from conftest import import_bench
 
 @pytest.fixture(scope="module")
 def probe():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import cross_probe
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
-    return cross_probe
+    return import_bench("cross_probe")
 
 
 def _corpus(path: Path) -> Path:

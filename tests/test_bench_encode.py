@@ -3,7 +3,6 @@ distinct texts, each copy consistent within itself."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -11,17 +10,11 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
+from conftest import import_bench
 
 @pytest.fixture(scope="module")
 def bench_encode():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import encode
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
-    return encode
+    return import_bench("encode")
 
 
 def _transitions(path: Path) -> Path:

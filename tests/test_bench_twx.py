@@ -5,23 +5,18 @@ on that run's encoded data. Checks the table's structure and invariants, never w
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+from conftest import import_bench
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def bench(pipeline_run, tmp_path_factory):
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import twx
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    twx = import_bench("twx")
     out = tmp_path_factory.mktemp("bench_twx")
     argv = ["--reduced", "--model", "it-critic@champion",
             "--encoded", str(Path(pipeline_run["output_dir"]) / "encoded"),
