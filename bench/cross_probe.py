@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from twx_bc import bc_net  # bench/ is on the path: this script's own folder
 
 
 def load_steps(transitions: str) -> list[dict]:
@@ -73,8 +74,8 @@ def _listwise_loss(scores, gold: int):
 
 def frozen_mlp(train: list[dict], test: list[dict], steps: int, batch: int, seed: int) -> list[float]:
     import torch
-    import torch.nn as nn
 
+    from harnessrl.algorithms.iql import pair_features
     from harnessrl.encoders import load_encoder
 
     torch.manual_seed(seed)
@@ -82,13 +83,13 @@ def frozen_mlp(train: list[dict], test: list[dict], steps: int, batch: int, seed
     model, identity = load_encoder(max_seq_length=128)
     texts = list(dict.fromkeys([s["state"] for s in train + test] + [c for s in train + test for c in s["candidates"]]))
     emb = dict(zip(texts, model.encode(texts, batch_size=64, convert_to_numpy=True)))
-    net = nn.Sequential(nn.Linear(4 * identity.dim, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1))
+    net = bc_net(identity.dim, 256)
     opt = torch.optim.Adam(net.parameters(), 1e-3)
 
     def scores(step):
         a = torch.tensor(np.stack([emb[c] for c in step["candidates"]]))
         s = torch.tensor(emb[step["state"]])[None].expand(len(a), -1)
-        return net(torch.cat([s, a, s * a, (s - a).abs()], -1)).squeeze(-1)
+        return net(pair_features(s, a)).squeeze(-1)
 
     for _ in range(steps):
         chosen = rng.sample(train, min(batch, len(train)))

@@ -46,16 +46,11 @@ def encoder_identity(encoded_dir: str) -> dict[str, Any]:
     return meta.get("encoder", meta)
 
 
-def _net(dim: int, hidden: int):
+def bc_net(dim: int, hidden: int):
+    """The MLP over pair_features([s, a, s*a, |s-a|]) that scores one (state, action) pair."""
     import torch.nn as nn
 
     return nn.Sequential(nn.Linear(4 * dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
-
-
-def _pair(s, a):
-    import torch
-
-    return torch.cat([s, a, s * a, (s - a).abs()], dim=-1)
 
 
 class BCScorer:
@@ -78,11 +73,13 @@ class BCScorer:
     def scores(self, state: dict, candidates: list[str]) -> list[float]:
         import torch
 
+        from harnessrl.algorithms.iql import pair_features
+
         text = self._render(state)
         emb = torch.from_numpy(self._emb([text, *candidates]))
         s = emb[:1].expand(len(candidates), -1)
         with torch.no_grad():
-            return self.net(_pair(s, emb[1:])).squeeze(-1).tolist()
+            return self.net(pair_features(s, emb[1:])).squeeze(-1).tolist()
 
 
 def train_bc(rows: dict[str, Any], keep: np.ndarray, steps: int, seed: int = 0, hidden: int = 128,
@@ -90,13 +87,15 @@ def train_bc(rows: dict[str, Any], keep: np.ndarray, steps: int, seed: int = 0, 
     """Train on the rows where `keep`; bounded by `steps` and `max_seconds`. Returns (net, info)."""
     import torch
 
+    from harnessrl.algorithms.iql import pair_features
+
     torch.manual_seed(seed)
     idx = np.flatnonzero(keep)
     if idx.size == 0:
         raise ValueError("no rows to train behaviour cloning on")
     s, a = torch.from_numpy(rows["s"][idx]), torch.from_numpy(rows["a"][idx])
     c, m = torch.from_numpy(rows["c"][idx]), torch.from_numpy(rows["mask"][idx])
-    net = _net(rows["dim"], hidden)
+    net = bc_net(rows["dim"], hidden)
     opt = torch.optim.Adam(net.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(seed)
     t0, losses, done = time.time(), [], 0
@@ -106,7 +105,7 @@ def train_bc(rows: dict[str, Any], keep: np.ndarray, steps: int, seed: int = 0, 
         b = torch.randint(0, idx.size, (min(batch_size, idx.size),), generator=gen)
         sb, ab, cb, mb = s[b], a[b], c[b], m[b]
         acts = torch.cat([ab[:, None], cb], dim=1)  # (B, 1+K, D): the taken action first
-        logits = net(_pair(sb[:, None].expand_as(acts), acts)).squeeze(-1)
+        logits = net(pair_features(sb[:, None].expand_as(acts), acts)).squeeze(-1)
         valid = torch.cat([torch.ones_like(mb[:, :1]), mb], dim=1)
         logits = logits.masked_fill(~valid, -1e9)
         loss = torch.nn.functional.cross_entropy(logits, torch.zeros(len(b), dtype=torch.long))
