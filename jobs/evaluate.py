@@ -39,23 +39,10 @@ class EvaluationResult:
 
 
 def _critic_values(critic, rows: list[dict]) -> dict[str, np.ndarray]:
-    """Q(s, a) of the logged actions, V(s), V(s') in reward units (one encode of each distinct text)."""
-    import torch
-
-    texts = list(dict.fromkeys(t for r in rows for t in (r["state_text"], r["action_text"], r["next_state_text"])))
-    index = {t: i for i, t in enumerate(texts)}
-    emb = torch.from_numpy(critic.encode(texts)).float()
-    s = emb[[index[r["state_text"]] for r in rows]]
-    a = emb[[index[r["action_text"]] for r in rows]]
-    s2 = emb[[index[r["next_state_text"]] for r in rows]]
-    f = torch.tensor([r["features"] for r in rows], dtype=torch.float32) if critic.uses_features else None
-    with torch.no_grad():
-        q = critic.net.q.min_q(s, a, f).numpy()
-        v, v2 = critic.net.v(s).numpy(), critic.net.v(s2).numpy()
-    out = {"q": q, "v": v, "v_next": v2, "state_emb": s.numpy()}
-    for k in ("q", "v", "v_next"):
-        out[k] = out[k].astype(np.float64) / critic.reward_scale
-    return out
+    """Q(s, a) of the logged actions, V(s), V(s') in reward units."""
+    q, v, v2 = critic.values([r["state_text"] for r in rows], [r["action_text"] for r in rows],
+                             [r["next_state_text"] for r in rows], [r["features"] for r in rows])
+    return {"q": q, "v": v, "v_next": v2}
 
 
 def _candidate_rows(rows: list[dict]) -> list[dict]:
@@ -81,7 +68,7 @@ def _decisions(critic, rows: list[dict]) -> dict[str, Any]:
     return {"rows": with_c, "scores": scores, "experts": experts}
 
 
-def _tool_metrics(critic, rows: list[dict], state_emb: np.ndarray) -> dict[str, float]:
+def _tool_metrics(critic, rows: list[dict]) -> dict[str, float]:
     """Entropy of the tool head's policy and how often its choice is not among the step's tools."""
     import torch
 
@@ -89,8 +76,9 @@ def _tool_metrics(critic, rows: list[dict], state_emb: np.ndarray) -> dict[str, 
 
     if critic.tool_head is None:
         return {}
+    state_emb = critic.encode([r["state_text"] for r in rows])  # cached by the Q pass
     with torch.no_grad():
-        probs = torch.softmax(critic.tool_head.pi(torch.from_numpy(state_emb)), dim=1).numpy()
+        probs = torch.softmax(critic.tool_head.pi(torch.from_numpy(state_emb).float()), dim=1).numpy()
     out = {f"tool_{k}": v for k, v in metrics.policy_entropy(probs).items()}
     tool_from = critic.render.get("tool_from", "calls")
     vocab = {t: i for i, t in enumerate(critic.tool_vocab)}
@@ -241,7 +229,7 @@ def evaluate(model_uri: str, sources: list[str], fmt: str = "auto", out_dir: str
     dec = _decisions(critic, rows)
     figures.update({f"expert_{k}": v for k, v in metrics.top1_rate(dec["scores"], dec["experts"]).items()})
     figures["fallback_rate"] = metrics.fallback_rate([max(s) for s in dec["scores"]], critic.threshold)
-    figures.update(_tool_metrics(critic, rows, values["state_emb"]))
+    figures.update(_tool_metrics(critic, rows))
     figures.update(_latency(critic, dec["rows"]))
     per_task: dict[str, int] = {}
     for x in rows:

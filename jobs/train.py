@@ -195,15 +195,12 @@ class _Validation:
                      for name, _ in learners.parts()}
 
 
-def _train_loop(config: dict[str, Any]) -> None:
+def _frozen_setup(config: dict[str, Any], rank: int, world: int):
+    """(learners, step function, validation or None) of the frozen-embedding head: the shard's
+    embeddings as tensors, minibatches sampled from them."""
     import ray.train
     import torch
 
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    torch.set_num_threads(config["threads"])
-    torch.manual_seed(config["seed"])  # same init on every rank; DDP broadcasts rank 0's anyway
-    load_start = time.time()
     data = load_arrays(ray.train.get_dataset_shard("train").iter_batches(batch_size=4096, batch_format="pyarrow"))
     n = len(data["reward"])
     if n == 0:
@@ -220,13 +217,46 @@ def _train_loop(config: dict[str, Any]) -> None:
         t["cand_f"] = torch.from_numpy(data["cand_f"])
     if learners.tools:
         t["tool_id"] = torch.tensor(tool_ids(config["tool_vocab"], data["tool"].tolist()))
-    load_seconds = time.time() - load_start
+    per_worker = max(1, config["batch_size"] // world)
+
+    def step(gen: torch.Generator) -> dict[str, float]:
+        idx = torch.randint(n, (per_worker,), generator=gen)
+        s, s2, r, done = t["state_emb"][idx], t["next_state_emb"][idx], t["reward"][idx], t["done"][idx]
+        f = t["features"][idx] if use_f else None
+        cand = cand_mask = cand_f = None
+        if use_cand:  # a few untaken candidates per state keep the penalty's cost bounded
+            cols = torch.randperm(t["cand"].shape[1], generator=gen)[: config["candidates_per_step"]]
+            cand, cand_mask = t["cand"][idx][:, cols], t["cand_mask"][idx][:, cols]
+            cand_f = t["cand_f"][idx][:, cols] if use_f else None
+        metrics = learners.critic.update(s, t["action_emb"][idx], r, s2, done, f, cand, cand_mask, cand_f)
+        if learners.tools:
+            metrics.update({f"tool_{k}": v for k, v in learners.tools.update(
+                s, t["tool_id"][idx], r, s2, done, adv=learners.critic.advantage).items()})
+        return metrics
 
     val = None
     if config.get("validation"):
         val_data = load_arrays(ray.train.get_dataset_shard("val").iter_batches(batch_size=4096, batch_format="pyarrow"),
                                candidates=False)
         val = _Validation(val_data, config["reward_scale"], learners.cfg.gamma, use_f)
+    return learners, step, val
+
+
+def _train_loop(config: dict[str, Any]) -> None:
+    import ray.train
+    import torch
+
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    torch.set_num_threads(config["threads"])
+    torch.manual_seed(config["seed"])  # same init on every rank; DDP broadcasts rank 0's anyway
+    load_start = time.time()
+    if config.get("head") == "cross":
+        from harnessrl.jobs.train_cross import cross_setup as setup
+    else:
+        setup = _frozen_setup
+    learners, train_step, val = setup(config, rank, world)
+    load_seconds = time.time() - load_start
 
     start = 0
     checkpoint = ray.train.get_checkpoint()
@@ -243,23 +273,10 @@ def _train_loop(config: dict[str, Any]) -> None:
 
         mlflow_client = MlflowClient(config["tracking_uri"])
     gen = torch.Generator().manual_seed(config["seed"] * 1000 + rank + start)
-    per_worker = max(1, config["batch_size"] // world)
     window: list[dict[str, float]] = []
     window_start = time.time()
     for step in range(start + 1, config["steps"] + 1):
-        idx = torch.randint(n, (per_worker,), generator=gen)
-        s, s2, r, done = t["state_emb"][idx], t["next_state_emb"][idx], t["reward"][idx], t["done"][idx]
-        f = t["features"][idx] if use_f else None
-        cand = cand_mask = cand_f = None
-        if use_cand:  # a few untaken candidates per state keep the penalty's cost bounded
-            cols = torch.randperm(t["cand"].shape[1], generator=gen)[: config["candidates_per_step"]]
-            cand, cand_mask = t["cand"][idx][:, cols], t["cand_mask"][idx][:, cols]
-            cand_f = t["cand_f"][idx][:, cols] if use_f else None
-        metrics = learners.critic.update(s, t["action_emb"][idx], r, s2, done, f, cand, cand_mask, cand_f)
-        if learners.tools:
-            metrics.update({f"tool_{k}": v for k, v in learners.tools.update(
-                s, t["tool_id"][idx], r, s2, done, adv=learners.critic.advantage).items()})
-        window.append(metrics)
+        window.append(train_step(gen))
         last = stop = step == config["steps"]
         if step % config["log_every"] == 0 or last:
             metrics = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
@@ -415,7 +432,12 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
                     lr=cfg.lr, alpha=cfg.alpha, feature_dim=feature_dim, bf16=cfg.precision == "bf16")
     feature_stats = ([data["features"].mean(0).tolist(), data["features"].std(0).tolist()] if feature_dim
                      else None)
+    cross = cfg.head == "cross"
     tool_head, vocab = _tool_head_config(cfg, data["tool"], iql.state_dim, defined_tools_of(ds))
+    if cross and tool_head:
+        log.warning("train: the data calls %d tools but the cross head trains no tool head (train.head: frozen "
+                    "has one)", len(vocab))
+        tool_head = None
     datasets = {"train": ds}
     if cfg.validation_fraction > 0:
         datasets = split_validation(ds, cfg.validation_fraction, cfg.seed)
@@ -429,9 +451,13 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
         "threads": max(1, int(round(cfg.cpus_per_worker))), "mlflow_run_id": mlflow_run_id,
         "tracking_uri": settings.tracking_uri(), "validation": "val" in datasets, "patience": cfg.patience,
     }
-    log.info("train: IQL on %d transitions (%d history features, tool head: %s over %d tools), "
-             "%d worker(s) x %s, %d steps", len(returns), feature_dim, tool_head["method"] if tool_head else "none",
-             len(vocab), cfg.num_workers, resources, cfg.steps)
+    if cross:
+        from harnessrl.jobs import train_cross
+
+        loop_config.update(train_cross.loop_config(cfg, meta["encoder"]["model_name"], feature_dim))
+    log.info("train: IQL (%s head) on %d transitions (%d history features, tool head: %s over %d tools), "
+             "%d worker(s) x %s, %d steps", cfg.head, len(returns), feature_dim,
+             tool_head["method"] if tool_head else "none", len(vocab), cfg.num_workers, resources, cfg.steps)
     trainer = TorchTrainer(
         _train_loop,
         train_loop_config=loop_config,
@@ -454,14 +480,20 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
         with open(os.path.join(d, "state.json")) as fh:
             validation = json.load(fh).get("validation")
         best = "best-" if validation and validation.get("best_step") and cfg.select == "best" else ""
-        load_network_weights(d, net, name=f"{best}state")
+        if cross:
+            scorer, threshold = train_cross.export(
+                d, loop_config["cross"], meta["encoder"]["model_name"], best, feature_dim,
+                train_cross.sample_successful(ds, len(returns), train_cross.THRESHOLD_ROWS, cfg.seed), scale,
+                cfg.fallback_quantile)
+        else:
+            load_network_weights(d, net, name=f"{best}state")
         if tool_head:
             from harnessrl.algorithms.discrete import DiscreteConfig, DiscreteNetwork
 
             tools_net = DiscreteNetwork(DiscreteConfig(**tool_head))
             load_network_weights(d, tools_net, name=f"{best}tools")
-    net.eval()
-    threshold = _fallback_threshold(net, data, scale, cfg.fallback_quantile, feature_dim > 0)
+    if not cross:
+        threshold = _fallback_threshold(net.eval(), data, scale, cfg.fallback_quantile, feature_dim > 0)
     metrics = {k: float(v) for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
     if validation:
         metrics.update({"val_best_step": float(validation["best_step"]), "val_best_td_error": validation["best_value"],
@@ -469,7 +501,8 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
         log.info("train: held-out TD error best %.4f at step %d; exporting the %s weights (step %d)",
                  validation["best_value"], validation["best_step"], cfg.select, int(metrics["selected_step"]))
     reference, ood_threshold = fit_reference(data["state_emb"], cfg.seed)
-    save_critic(model_dir, net, {**meta, "iql": iql.to_dict(), "reward_scale": scale,
+    head_meta = {"head": "cross", "iql": loop_config["cross"]} if cross else {"head": "frozen", "iql": iql.to_dict()}
+    save_critic(model_dir, scorer if cross else net, {**meta, **head_meta, "reward_scale": scale,
                                  "ood": {"threshold": ood_threshold, "n_reference": len(reference)},
                                  "feature_names": list(FEATURE_NAMES) if feature_dim else [],
                                  "fallback_threshold": threshold, "fallback_quantile": cfg.fallback_quantile,

@@ -101,7 +101,23 @@ class EncoderConfig(_Strict):
         return "bfloat16" if self.precision == "bfloat16" else "float32"
 
 
+class CrossHeadConfig(_Strict):
+    """The cross-encoder head (train.head: cross): the pipeline's encoder fine-tuned on (state, action) pairs."""
+
+    layers: int = Field(6, ge=1, le=48, description="first transformer layers of the encoder kept (fewer: faster, "
+                                                    "weaker; MiniLM has 6)")
+    max_length: int = Field(256, ge=16, le=512, description="tokens per (state, action) pair; the state is cut first")
+    batch_size: int = Field(32, ge=2, description="states per step over all workers (the cross head's own batch: "
+                                                  "train.batch_size is the frozen head's)")
+    trunk_lr: float = Field(3e-5, gt=0, description="learning rate of the trunk (train.lr is the heads')")
+
+
 class TrainConfig(_Strict):
+    head: Literal["frozen", "cross"] = Field(
+        "frozen", description="frozen: an MLP on the encoded embeddings (fast, CPU-friendly); cross: the encoder "
+                              "fine-tuned on (state, action) pairs as the trunk of Q and V (a GPU job at full size; "
+                              "no tool head)")
+    cross: CrossHeadConfig = CrossHeadConfig()
     steps: int = Field(2000, ge=1)
     batch_size: int = Field(256, ge=2)
     lr: float = Field(3e-4, gt=0)

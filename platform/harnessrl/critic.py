@@ -62,6 +62,9 @@ class Critic:
         import torch
 
         self.net, self.meta, self.tool_head, self.ood_reference = net, meta, tool_head, ood_reference
+        # A cross head (harnessrl.algorithms.cross) reads (state, action) texts itself: its `net` is a
+        # CrossScorer, and states are embedded only for the OOD check
+        self.cross = net if meta.get("head") == "cross" else None
         self.tool_vocab: list[str] = list(meta.get("tool_vocab") or [])
         self.uses_features = bool(meta["iql"].get("feature_dim", 0))
         self.name = name or meta.get("model_name") or "local"
@@ -162,7 +165,10 @@ class Critic:
         """Render every state once and list the distinct texts a scoring of `requests` embeds."""
         requests = list(requests)
         parsed = [self.parse_state(s) for s, _ in requests]
-        texts = list(dict.fromkeys([*(p.text for p in parsed), *(c for _, cands in requests for c in cands)]))
+        if self.cross is not None:
+            texts = list(dict.fromkeys(p.text for p in parsed)) if self.ood_reference is not None else []
+        else:
+            texts = list(dict.fromkeys([*(p.text for p in parsed), *(c for _, cands in requests for c in cands)]))
         return Prepared(requests, parsed, texts)
 
     def score_prepared(self, prep: Prepared, features: Sequence[Sequence[Sequence[float]]] | None = None,
@@ -172,18 +178,13 @@ class Critic:
         of the distinct texts, one forward pass; the OOD check reuses the states' embeddings."""
         requests, parsed = prep.requests, prep.parsed
         flags: list[bool | None] = [None] * len(requests)
-        if not prep.texts:
+        if not any(cands for _, cands in requests):
             return [[] for _ in requests], flags
         index = {t: i for i, t in enumerate(prep.texts)}
-        emb_np = self.encode(prep.texts, given)
+        emb_np = self.encode(prep.texts, given) if (self.cross is None or ood) else None
         if ood and self.ood_reference is not None:
             reference, threshold = self.ood_reference
             flags = [bool(x) for x in is_ood(emb_np[[index[p.text] for p in parsed]], reference, threshold)]
-        emb = self._torch.from_numpy(emb_np).float()
-        s_idx = [index[p.text] for p, (_, cands) in zip(parsed, requests) for _ in cands]
-        a_idx = [index[c] for _, cands in requests for c in cands]
-        if not a_idx:
-            return [[] for _ in requests], flags
         f = None
         if self.uses_features:
             tool_from = self.render.get("tool_from", "calls")
@@ -191,13 +192,38 @@ class Critic:
                 features = [features_for(p.history, p.observation, cands, tool_from)
                             for p, (_, cands) in zip(parsed, requests)]
             f = self._torch.tensor([row for per_request in features for row in per_request], dtype=self._torch.float32)
-        with self._torch.no_grad():
-            q = (self.net.q.min_q(emb[s_idx], emb[a_idx], f).numpy() / self.reward_scale).tolist()
+        if self.cross is not None:
+            q_raw = self.cross.min_q([p.text for p, (_, cands) in zip(parsed, requests) for _ in cands],
+                                     [c for _, cands in requests for c in cands], f)
+        else:
+            emb = self._torch.from_numpy(emb_np).float()
+            s_idx = [index[p.text] for p, (_, cands) in zip(parsed, requests) for _ in cands]
+            a_idx = [index[c] for _, cands in requests for c in cands]
+            with self._torch.no_grad():
+                q_raw = self.net.q.min_q(emb[s_idx], emb[a_idx], f)
+        q = (q_raw.numpy() / self.reward_scale).tolist()
         out, pos = [], 0
         for _, cands in requests:
             out.append(q[pos: pos + len(cands)])
             pos += len(cands)
         return out, flags
+
+    def values(self, states: list[str], actions: list[str], next_states: list[str], features=None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Q(s, a), V(s), V(s') in reward units, for rendered state texts (offline evaluation);
+        `features` (n, d_f) are the actions' history features when the model uses them."""
+        torch = self._torch
+        f = torch.as_tensor(np.asarray(features), dtype=torch.float32) if self.uses_features else None
+        if self.cross is not None:
+            q, v, v2 = self.cross.min_q(states, actions, f), self.cross.value(states), self.cross.value(next_states)
+        else:
+            texts = list(dict.fromkeys([*states, *actions, *next_states]))
+            index = {t: i for i, t in enumerate(texts)}
+            emb = torch.from_numpy(self.encode(texts)).float()
+            s, s2 = emb[[index[t] for t in states]], emb[[index[t] for t in next_states]]
+            with torch.no_grad():
+                q, v, v2 = self.net.q.min_q(s, emb[[index[t] for t in actions]], f), self.net.v(s), self.net.v(s2)
+        return tuple(x.numpy().astype(np.float64) / self.reward_scale for x in (q, v, v2))
 
     def score_batch(self, requests: Sequence[tuple[State, Sequence[str]]],
                     features: Sequence[Sequence[Sequence[float]]] | None = None) -> list[list[float]]:

@@ -1,6 +1,7 @@
 """A critic on disk: `weights.safetensors` + `critic.json`. Nothing on this path unpickles.
 
-`critic.json` holds everything needed to score: the network config, the encoder identity
+`critic.json` holds everything needed to score: the head (`frozen`, or `cross` with the fine-tuned
+trunk's config.json and tokeniser files under `trunk/`), the network config, the encoder identity
 the embeddings came from, the renderer settings, the reward scale and the fallback threshold.
 A critic trained on data that calls several tools also has the discrete tool head
 (`tool_head.safetensors`, its config under `tool_head` and the vocabulary under `tool_vocab`).
@@ -32,6 +33,11 @@ def save_critic(directory: str | Path, net, meta: dict[str, Any], tool_head: tup
     `tool_head` is (network, its DiscreteConfig dict) when there is one."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    if meta.get("head") == "cross":  # a CrossScorer: the network, and the trunk's config and tokeniser beside it
+        from harnessrl.algorithms.cross import save_trunk_files
+
+        save_trunk_files(directory, net.net.trunk, net.tokenizer)
+        net = net.net
     _save_weights(net, directory / WEIGHTS)
     meta = {**meta, "tool_head": None}
     if tool_head is not None:
@@ -76,7 +82,7 @@ def load_tool_head(directory: str | Path, meta: dict[str, Any]):
 
 
 def load_critic_files(directory: str | Path):
-    """(network in eval mode, meta) from a critic folder."""
+    """(network in eval mode, meta) from a critic folder; for a cross head the network is a CrossScorer."""
     from safetensors.torch import load_file
 
     from harnessrl.algorithms.iql import IQLConfig, IQLNetwork
@@ -90,6 +96,10 @@ def load_critic_files(directory: str | Path):
         raise ModelError(f"{directory / CONFIG} is not readable JSON: {exc}") from None
     if meta.get("format_version") != FORMAT_VERSION:
         raise ModelError(f"{directory}: critic format {meta.get('format_version')} is not {FORMAT_VERSION}")
+    if meta.get("head") == "cross":
+        from harnessrl.algorithms.cross import CrossConfig, load_cross_network
+
+        return load_cross_network(directory, CrossConfig(**meta["iql"]), load_file(str(directory / WEIGHTS))), meta
     net = IQLNetwork(IQLConfig(**meta["iql"]))
     net.load_state_dict(load_file(str(directory / WEIGHTS)))
     net.eval()

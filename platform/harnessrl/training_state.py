@@ -16,14 +16,15 @@ def _files(name: str) -> tuple[str, str]:
     return (STATE, META) if name == "state" else (f"{name}.safetensors", f"{name}.json")
 
 
-def save_training_state(directory: str | Path, net: torch.nn.Module, target: torch.nn.Module,
+def save_training_state(directory: str | Path, net: torch.nn.Module, target: torch.nn.Module | None,
                         opt: torch.optim.Optimizer, step: int, extra: dict | None = None, name: str = "state") -> None:
     from safetensors.torch import save_file
 
     directory = Path(directory)
     state_file, meta_file = _files(name)
     tensors = {f"net.{k}": v for k, v in net.state_dict().items()}
-    tensors.update({f"target.{k}": v for k, v in target.state_dict().items()})
+    if target is not None:  # the cross-encoder head keeps no target copy
+        tensors.update({f"target.{k}": v for k, v in target.state_dict().items()})
     opt_state = opt.state_dict()
     scalars: dict[str, dict[str, float]] = {}
     for idx, st in opt_state["state"].items():
@@ -37,7 +38,7 @@ def save_training_state(directory: str | Path, net: torch.nn.Module, target: tor
     (directory / meta_file).write_text(json.dumps(meta, sort_keys=True))
 
 
-def load_training_state(directory: str | Path, net: torch.nn.Module, target: torch.nn.Module,
+def load_training_state(directory: str | Path, net: torch.nn.Module, target: torch.nn.Module | None,
                         opt: torch.optim.Optimizer, name: str = "state") -> dict:
     """Restore in place; returns the JSON meta (with `step`)."""
     from safetensors.torch import load_file
@@ -47,7 +48,8 @@ def load_training_state(directory: str | Path, net: torch.nn.Module, target: tor
     tensors = load_file(str(directory / state_file))
     meta = json.loads((directory / meta_file).read_text())
     net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
-    target.load_state_dict({k[7:]: v for k, v in tensors.items() if k.startswith("target.")})
+    if target is not None:
+        target.load_state_dict({k[7:]: v for k, v in tensors.items() if k.startswith("target.")})
     state: dict[int, dict] = {}
     for key, value in tensors.items():
         if key.startswith("opt."):

@@ -58,6 +58,12 @@ def q_input_dim(cfg: IQLConfig) -> int:
     return pair + cfg.feature_dim
 
 
+def standardised(std) -> torch.Tensor:
+    """The history features' scale: a feature constant in training (std ~ 0) is left unscaled."""
+    std = torch.as_tensor(std, dtype=torch.float32)
+    return torch.where(std < 1e-3, torch.ones_like(std), std)
+
+
 class TwinQ(nn.Module):
     def __init__(self, cfg: IQLConfig):
         super().__init__()
@@ -70,8 +76,7 @@ class TwinQ(nn.Module):
 
     def set_feature_stats(self, mean, std) -> None:
         self.feat_mean.copy_(torch.as_tensor(mean, dtype=torch.float32))
-        std = torch.as_tensor(std, dtype=torch.float32)
-        self.feat_std.copy_(torch.where(std < 1e-3, torch.ones_like(std), std))  # constant in training: leave unscaled
+        self.feat_std.copy_(standardised(std))
 
     def forward(self, s: torch.Tensor, a: torch.Tensor, f: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         x = pair_features(s, a) if self.pairwise else torch.cat([s, a], dim=-1)

@@ -1,0 +1,137 @@
+"""The cross-encoder critic head (train.head: cross): it learns, it round-trips through the critic
+folder without pickle, `Critic` scores with it, and the train job runs it on Ray Train."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from harnessrl.algorithms.cross import CrossConfig, CrossIQLNetwork, CrossLearner, CrossScorer, trunk_from_encoder
+from harnessrl.config import CrossHeadConfig, TrainConfig
+from harnessrl.encoders import BUILTIN_MINILM
+
+COLORS = ["red", "blue", "green", "yellow", "white", "black"]
+
+
+def _small(feature_dim: int = 2, alpha: float = 0.3, seed: int = 0) -> CrossLearner:
+    torch.manual_seed(seed)
+    trunk, tokenizer = trunk_from_encoder(BUILTIN_MINILM, 1, 64)
+    cfg = CrossConfig(layers=1, max_length=64, hidden_dim=32, alpha=alpha, feature_dim=feature_dim, gamma=0.0,
+                      trunk_lr=1e-4)
+    net = CrossIQLNetwork(cfg, trunk)
+    net.set_feature_stats([0.0] * feature_dim, [1.0] * feature_dim)
+    return CrossLearner(cfg, net, tokenizer)
+
+
+def _grid(scorer: CrossScorer) -> torch.Tensor:
+    """Q of "open <a> door" in the state "you see a <c> door", for every colour pair (rows: c)."""
+    states = [f"you see a {c} door" for c in COLORS for _ in COLORS]
+    actions = [f"open {a} door" for _ in COLORS for a in COLORS]
+    scorer.net.eval()
+    return scorer.min_q(states, actions, torch.zeros(len(states), 2)).reshape(len(COLORS), len(COLORS))
+
+
+def test_cross_learner_learns_which_action_matches_the_state(torch_one_thread):
+    """Reward 1 for opening the door the state shows: only attention across state and action
+    tells the pairs apart (every action text appears in rewarded and unrewarded pairs)."""
+    rng = random.Random(0)
+    learner = _small()
+    before = _grid(learner.scorer)
+    learner.core.train()
+    for _ in range(150):
+        states, actions, rewards = [], [], []
+        for _ in range(16):
+            c = rng.choice(COLORS)
+            a = c if rng.random() < 0.5 else rng.choice([x for x in COLORS if x != c])
+            states.append(f"you see a {c} door")
+            actions.append(f"open {a} door")
+            rewards.append(float(a == c))
+        cand = [[f"open {rng.choice(COLORS)} door"] * 2 for _ in states]
+        metrics = learner.update(states, actions, torch.tensor(rewards), states, torch.ones(16), torch.zeros(16, 2),
+                                 cand, torch.ones(16, 2, dtype=torch.bool), torch.zeros(16, 2, 2))
+    after = _grid(learner.scorer)
+    assert set(metrics) >= {"loss_q", "loss_v", "cand_penalty", "td_error"}
+    assert (after.argmax(1) == torch.arange(len(COLORS))).all()
+    assert (before.argmax(1) == torch.arange(len(COLORS))).float().mean() < 0.5
+    margin = after.diagonal() - (after.sum(1) - after.diagonal()) / (len(COLORS) - 1)
+    assert margin.min() > 0.3  # matched pairs near 1, the others near 0
+
+
+def _cross_meta(learner: CrossLearner) -> dict:
+    from harnessrl.encoders import encoder_identity
+
+    return {"head": "cross", "iql": learner.cfg.to_dict(), "encoder": encoder_identity(BUILTIN_MINILM, 64).to_json(),
+            "render": {"window": 3, "max_chars": 1500}, "reward_scale": 0.5, "fallback_threshold": None}
+
+
+def test_cross_critic_folder_round_trips_without_pickle(tmp_path, torch_one_thread):
+    from harnessrl.critic import Critic
+    from harnessrl.model_files import load_critic_files, save_critic
+
+    learner = _small(feature_dim=0, alpha=0.0)
+    with torch.no_grad():  # weights the bundled model does not have, so a load from it would differ
+        for p in learner.core.trunk.encoder.layer[0].parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    learner.core.eval()
+    save_critic(tmp_path, learner.scorer, _cross_meta(learner))
+    trunk_files = sorted(p.name for p in (tmp_path / "trunk").iterdir())
+    assert "config.json" in trunk_files and "tokenizer.json" in trunk_files
+    assert not [f for f in trunk_files if f.endswith((".bin", ".pt", ".pkl", ".safetensors"))]
+    assert json.loads((tmp_path / "trunk" / "config.json").read_text())["num_hidden_layers"] == 1
+
+    scorer, meta = load_critic_files(tmp_path)
+    states, actions = ["you see a red door", "you see a blue door"], ["open red door", "open blue door"]
+    assert torch.allclose(scorer.min_q(states, actions), learner.scorer.min_q(states, actions), atol=1e-5)
+
+    critic = Critic(scorer, meta)  # no encoder: nothing is embedded for a cross head without an OOD reference
+    scores = critic.score("you see a red door", ["open red door", "open blue door"])
+    expect = learner.scorer.min_q(["you see a red door"] * 2, ["open red door", "open blue door"]) / 0.5
+    assert np.allclose(scores, expect.numpy(), atol=1e-4)
+    q, v, v2 = critic.values(states, actions, states[::-1])
+    assert np.allclose(q, learner.scorer.min_q(states, actions).numpy() / 0.5, atol=1e-4)
+    assert np.allclose(v2, learner.scorer.value(states[::-1]).numpy() / 0.5, atol=1e-4)
+    assert critic.prepare([("you see a red door", ["open red door"])]).texts == []
+
+
+def test_cross_head_config():
+    cfg = TrainConfig(head="cross", cross={"layers": 2, "max_length": 128})
+    assert cfg.cross == CrossHeadConfig(layers=2, max_length=128)
+    from harnessrl.config import ConfigError, parse_pipeline
+
+    with pytest.raises(ConfigError, match="train.head"):
+        parse_pipeline({"name": "x", "data": {"train": ["a.jsonl"]}, "train": {"head": "crossencoder"}}, origin="t")
+
+
+@pytest.mark.integration
+def test_train_job_fits_and_exports_a_cross_critic(encoded, work):
+    """Two DDP workers on Ray Train, held-out validation, the exported critic loaded by
+    `Critic.load` and scoring exactly as its own network does."""
+    from harnessrl.critic import Critic
+    from harnessrl.jobs.train import train
+
+    cfg = TrainConfig(head="cross", cross=CrossHeadConfig(layers=1, max_length=64, batch_size=8), steps=12,
+                      num_workers=2, cpus_per_worker=0.5, checkpoint_every=6, log_every=6, validation_fraction=0.3,
+                      select="best", alpha=0.3, candidates_per_step=2)
+    meta = {"encoder": encoded.encoder, "render": {"window": 3, "max_chars": 1500, "tool_from": "first_word"}}
+    result = train(str(work["dir"] / "encoded"), str(work["dir"] / "cross-train"), cfg, "cross-test",
+                   str(work["dir"] / "cross-model"), meta)
+    m = result.metrics
+    assert m["step"] == 12 and m["val_best_step"] in (6, 12) and np.isfinite(m["val_best_td_error"])
+    assert np.isfinite(m["loss_q"]) and "cand_penalty" in m and np.isfinite(result.fallback_threshold)
+
+    critic = Critic.load(result.model_dir)
+    assert critic.cross is not None and critic.meta["head"] == "cross" and critic.tool_head is None
+    assert critic.meta["iql"]["layers"] == 1 and critic.uses_features
+    state = {"task": "find the coin", "history": [], "observation": "You are in the kitchen. A door leads north."}
+    decision = critic.decide(state, ["move north", "take coin", "look around"])
+    assert len(decision.scores) == 3 and all(np.isfinite(decision.scores)) and decision.ood is not None
+    parsed = critic.parse_state(state)
+    from harnessrl.features import features_for
+
+    f = torch.tensor(features_for(parsed.history, parsed.observation, ["move north"], "first_word"))
+    direct = critic.cross.min_q([parsed.text], ["move north"], f) / critic.reward_scale
+    assert decision.scores[0] == pytest.approx(float(direct[0]), abs=1e-5)
