@@ -100,19 +100,26 @@ def load_arrays(batches, candidates: bool = True) -> dict[str, np.ndarray]:
     return {k: np.concatenate(v) for k, v in parts.items() if v}
 
 
+def on_device(net, world: int, device):
+    """The network on the worker's device (its GPU when Ray Train gave it one), DDP-wrapped when
+    there are several workers."""
+    from ray.train.torch import prepare_model
+
+    net = net.to(device)
+    return prepare_model(net, move_to_device=False) if world > 1 else net
+
+
 class _Learners:
     """The critic (IQL over candidate embeddings) and, when the data calls several tools, the
     tool head (an AWR policy over the tool vocabulary, with or without a discrete Q of its own),
     stepped on the same batch."""
 
-    def __init__(self, config: dict[str, Any], world: int):
-        from ray.train.torch import prepare_model
-
+    def __init__(self, config: dict[str, Any], world: int, device: str = "cpu"):
         from harnessrl.algorithms.discrete import DiscreteConfig, DiscreteLearner, DiscreteNetwork
         from harnessrl.algorithms.iql import IQLConfig, IQLLearner, IQLNetwork
 
         def wrap(net):
-            return prepare_model(net) if world > 1 else net
+            return on_device(net, world, device)
 
         self.cfg = IQLConfig(**config["iql"])
         net = IQLNetwork(self.cfg)
@@ -161,12 +168,13 @@ class _Validation:
     def score(self, learners: _Learners) -> float:
         import torch
 
-        net, t, total = learners.critic.core, self.t, 0.0
+        net, total = learners.critic.core, 0.0
+        dev = next(net.parameters()).device
         with torch.no_grad():
             for i in range(0, self.n, self.CHUNK):
-                sl = slice(i, i + self.CHUNK)
-                q = net.q.min_q(t["state_emb"][sl], t["action_emb"][sl], t["features"][sl] if "features" in t else None)
-                target = t["reward"][sl] + self.gamma * (1 - t["done"][sl]) * net.v(t["next_state_emb"][sl])
+                t = {k: v[i:i + self.CHUNK].to(dev) for k, v in self.t.items()}
+                q = net.q.min_q(t["state_emb"], t["action_emb"], t.get("features"))
+                target = t["reward"] + self.gamma * (1 - t["done"]) * net.v(t["next_state_emb"])
                 total += float((q.float() - target.float()).abs().sum())
         return total / self.n
 
@@ -195,7 +203,7 @@ class _Validation:
                      for name, _ in learners.parts()}
 
 
-def _frozen_setup(config: dict[str, Any], rank: int, world: int):
+def _frozen_setup(config: dict[str, Any], rank: int, world: int, device):
     """(learners, step function, validation or None) of the frozen-embedding head: the shard's
     embeddings as tensors, minibatches sampled from them."""
     import ray.train
@@ -207,7 +215,7 @@ def _frozen_setup(config: dict[str, Any], rank: int, world: int):
         raise RuntimeError(f"worker {rank} got an empty shard")
     t = {k: torch.from_numpy(data[k]) for k in ("state_emb", "action_emb", "next_state_emb", "reward", "done")}
     t["reward"] = t["reward"] * config["reward_scale"]
-    learners = _Learners(config, world)
+    learners = _Learners(config, world, device)
     use_f = learners.cfg.feature_dim > 0
     if use_f:
         t["features"] = torch.from_numpy(data["features"])
@@ -217,6 +225,7 @@ def _frozen_setup(config: dict[str, Any], rank: int, world: int):
         t["cand_f"] = torch.from_numpy(data["cand_f"])
     if learners.tools:
         t["tool_id"] = torch.tensor(tool_ids(config["tool_vocab"], data["tool"].tolist()))
+    t = {k: v.to(device) for k, v in t.items()}  # the shard lives where the network does
     per_worker = max(1, config["batch_size"] // world)
 
     def step(gen: torch.Generator) -> dict[str, float]:
@@ -255,7 +264,9 @@ def _train_loop(config: dict[str, Any]) -> None:
         from harnessrl.jobs.train_cross import cross_setup as setup
     else:
         setup = _frozen_setup
-    learners, train_step, val = setup(config, rank, world)
+    from ray.train.torch import get_device
+
+    learners, train_step, val = setup(config, rank, world, get_device())
     load_seconds = time.time() - load_start
 
     start = 0

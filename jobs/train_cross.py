@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from harnessrl.jobs.train import _Learners, _Validation
+from harnessrl.jobs.train import _Learners, _Validation, on_device
 from harnessrl.transitions import untaken_candidates
 
 log = logging.getLogger(__name__)
@@ -50,9 +50,7 @@ def load_text_rows(batches) -> dict[str, Any]:
 class CrossLearners(_Learners):
     """The critic alone: the cross head trains no tool head."""
 
-    def __init__(self, config: dict[str, Any], world: int):
-        from ray.train.torch import prepare_model
-
+    def __init__(self, config: dict[str, Any], world: int, device: str = "cpu"):
         from harnessrl.algorithms.cross import CrossConfig, CrossIQLNetwork, CrossLearner, trunk_from_encoder
 
         self.cfg = CrossConfig(**config["cross"])
@@ -60,7 +58,7 @@ class CrossLearners(_Learners):
         net = CrossIQLNetwork(self.cfg, trunk)
         if self.cfg.feature_dim:
             net.set_feature_stats(*config["feature_stats"])
-        self.critic = CrossLearner(self.cfg, prepare_model(net) if world > 1 else net, tokenizer)
+        self.critic = CrossLearner(self.cfg, on_device(net, world, device), tokenizer)
         self.tool_cfg = self.tools = None
 
 
@@ -91,7 +89,7 @@ class CrossValidation(_Validation):
         return float((q - target).abs().mean())
 
 
-def cross_setup(config: dict[str, Any], rank: int, world: int):
+def cross_setup(config: dict[str, Any], rank: int, world: int, device):
     """(learners, step function, validation or None), as jobs.train._frozen_setup for the frozen head."""
     import ray.train
     import torch
@@ -101,11 +99,11 @@ def cross_setup(config: dict[str, Any], rank: int, world: int):
     n = len(rows["reward"])
     if n == 0:
         raise RuntimeError(f"worker {rank} got an empty shard")
-    learners = CrossLearners(config, world)
+    learners = CrossLearners(config, world, device)
     learners.critic.net.train()
     use_f = learners.cfg.feature_dim > 0
-    reward = torch.from_numpy(rows["reward"] * config["reward_scale"])
-    done, feats = torch.from_numpy(rows["done"]), torch.from_numpy(rows["features"])
+    reward = torch.from_numpy(rows["reward"] * config["reward_scale"]).to(device)
+    done, feats = torch.from_numpy(rows["done"]).to(device), torch.from_numpy(rows["features"]).to(device)
     k = config["candidates_per_step"] if learners.cfg.alpha > 0 and any(rows["cand"]) else 0
     per_worker = max(1, config["batch_size"] // world)
 
@@ -120,6 +118,7 @@ def cross_setup(config: dict[str, Any], rank: int, world: int):
                 cand_mask[j, : len(picks)] = True
                 if use_f and picks:
                     cand_f[j, : len(picks)] = torch.tensor([rows["cand_f"][i][p] for p in picks])
+            cand_mask, cand_f = cand_mask.to(device), cand_f.to(device)
         return learners.critic.update([rows["state_text"][i] for i in idx], [rows["action_text"][i] for i in idx],
                                       reward[idx], [rows["next_state_text"][i] for i in idx], done[idx],
                                       feats[idx] if use_f else None, cand, cand_mask, cand_f if use_f else None)

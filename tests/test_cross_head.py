@@ -107,9 +107,9 @@ def test_cross_head_config():
 
 
 @pytest.mark.integration
-def test_train_job_fits_and_exports_a_cross_critic(encoded, work):
+def test_train_job_fits_exports_evaluates_and_serves_a_cross_critic(encoded, work, sample_slice, tmp_path):
     """Two DDP workers on Ray Train, held-out validation, the exported critic loaded by
-    `Critic.load` and scoring exactly as its own network does."""
+    `Critic.load` and scoring exactly as its own network does, offline evaluation, and Serve."""
     from harnessrl.critic import Critic
     from harnessrl.jobs.train import train
 
@@ -135,3 +135,24 @@ def test_train_job_fits_and_exports_a_cross_critic(encoded, work):
     f = torch.tensor(features_for(parsed.history, parsed.observation, ["move north"], "first_word"))
     direct = critic.cross.min_q([parsed.text], ["move north"], f) / critic.reward_scale
     assert decision.scores[0] == pytest.approx(float(direct[0]), abs=1e-5)
+
+    from harnessrl.jobs.evaluate import evaluate
+
+    report = evaluate(result.model_dir, [str(sample_slice["test"])], "auto", str(tmp_path / "eval"),
+                      log_to_mlflow=False)
+    assert report.metrics["steps"] > 0 and np.isfinite(report.metrics["td_mae"])
+    assert 0 <= report.metrics["expert_top1"] <= 1 and report.metrics["expert_n_steps"] > 0
+
+    import httpx
+
+    from conftest import free_port
+    from harnessrl.serving import app as serving
+
+    url = serving.start(result.model_dir, port=free_port())
+    try:
+        body = httpx.post(f"{url}/v1/score", json={"state": state, "candidates": ["move north", "take coin"]},
+                          timeout=60).json()
+    finally:
+        serving.stop()
+    assert body["scores"] == pytest.approx(critic.score(state, ["move north", "take coin"]), abs=1e-4)
+    assert body["ood"] is not None

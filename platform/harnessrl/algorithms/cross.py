@@ -104,25 +104,30 @@ class CrossScorer:
     def __init__(self, net: CrossIQLNetwork, tokenizer, max_length: int):
         self.net, self.tokenizer, self.max_length = net, tokenizer, max_length
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.net.parameters()).device
+
     def pairs(self, states: list[str], actions: list[str]) -> dict[str, torch.Tensor]:
-        return dict(self.tokenizer(states, actions, truncation="only_first", max_length=self.max_length,
-                                   padding=True, return_tensors="pt"))
+        x = self.tokenizer(states, actions, truncation="only_first", max_length=self.max_length, padding=True,
+                           return_tensors="pt")
+        return {k: v.to(self.device) for k, v in x.items()}
 
     def singles(self, texts: list[str]) -> dict[str, torch.Tensor]:
-        return dict(self.tokenizer(texts, truncation=True, max_length=self.max_length, padding=True,
-                                   return_tensors="pt"))
+        x = self.tokenizer(texts, truncation=True, max_length=self.max_length, padding=True, return_tensors="pt")
+        return {k: v.to(self.device) for k, v in x.items()}
 
     @torch.no_grad()
     def min_q(self, states: list[str], actions: list[str], f: torch.Tensor | None = None) -> torch.Tensor:
         out = [torch.minimum(*self.net.q(self.pairs(states[i:i + self.CHUNK], actions[i:i + self.CHUNK]),
-                                         None if f is None else f[i:i + self.CHUNK]))
+                                         None if f is None else f[i:i + self.CHUNK].to(self.device)))
                for i in range(0, len(states), self.CHUNK)]
-        return torch.cat(out).float() if out else torch.zeros(0)
+        return torch.cat(out).float().cpu() if out else torch.zeros(0)
 
     @torch.no_grad()
     def value(self, states: list[str]) -> torch.Tensor:
         out = [self.net.v(self.singles(states[i:i + self.CHUNK])) for i in range(0, len(states), self.CHUNK)]
-        return torch.cat(out).float() if out else torch.zeros(0)
+        return torch.cat(out).float().cpu() if out else torch.zeros(0)
 
 
 def trunk_from_encoder(encoder_name: str, layers: int, max_length: int):
@@ -181,7 +186,7 @@ class CrossLearner:
             k = len(cand[0])
             cand_pairs = sc.pairs([s for s in states for _ in range(k)], [c for row in cand for c in row])
             flat_f = cand_f.reshape(-1, cand_f.shape[-1]) if cand_f is not None else None
-        with autocast(cfg.bf16, r.device):
+        with autocast(cfg.bf16, sc.device):
             q1, q2, v, v_next, qc = self.net(sc.pairs(states, actions), sc.singles(states), sc.singles(next_states),
                                              f, cand_pairs, flat_f)
         q1, q2, v, v_next = fp32(q1, q2, v, v_next)
