@@ -1,6 +1,6 @@
 """Issue 5 probe: does a cross-encoder, fine-tuned on (state, action) pairs, pick the expert's
-action better than an MLP on frozen MiniLM embeddings? Run it before building the
-cross-encoder critic head.
+action better than an MLP on frozen MiniLM embeddings? Supervised and offline: a quick read on
+what the cross-encoder critic head (train.head: cross) can see, without RL or a closed loop.
 
 Offline and supervised: every logged step of a TextWorldExpress corpus carries the expert's
 action (`info.expert_action`) among its candidates. Both scorers learn to rank it first among
@@ -105,24 +105,19 @@ def cross_encoder(train: list[dict], test: list[dict], steps: int, batch: int, c
                   max_len: int, seed: int) -> list[float]:
     import torch
     import torch.nn as nn
-    from transformers import AutoModel
 
-    from harnessrl.encoders import load_encoder
+    from harnessrl.algorithms.cross import mean_pool, trunk_from_encoder
+    from harnessrl.encoders import BUILTIN_MINILM
 
     torch.manual_seed(seed)
     rng = random.Random(seed)
-    st, _ = load_encoder(max_seq_length=max_len)
-    tok = st.tokenizer
-    trunk = AutoModel.from_pretrained(st[0].auto_model.name_or_path)
-    trunk.encoder.layer = trunk.encoder.layer[:layers]
+    trunk, tok = trunk_from_encoder(BUILTIN_MINILM, layers, max_len)  # the cross critic head's trunk
     head = nn.Linear(trunk.config.hidden_size, 1)
     opt = torch.optim.AdamW([{"params": trunk.parameters(), "lr": 3e-5}, {"params": head.parameters(), "lr": 1e-3}])
 
     def scores(states, actions):
         x = tok(states, actions, truncation="only_first", max_length=max_len, padding=True, return_tensors="pt")
-        h = trunk(**x).last_hidden_state
-        m = x["attention_mask"][..., None].float()
-        return head((h * m).sum(1) / m.sum(1)).squeeze(-1)
+        return head(mean_pool(trunk(**x).last_hidden_state, x["attention_mask"])).squeeze(-1)
 
     trunk.train()
     for _ in range(steps):

@@ -254,6 +254,7 @@ def _frozen_setup(config: dict[str, Any], rank: int, world: int, device):
 def _train_loop(config: dict[str, Any]) -> None:
     import ray.train
     import torch
+    from ray.train.torch import get_device
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
@@ -264,8 +265,6 @@ def _train_loop(config: dict[str, Any]) -> None:
         from harnessrl.jobs.train_cross import cross_setup as setup
     else:
         setup = _frozen_setup
-    from ray.train.torch import get_device
-
     learners, train_step, val = setup(config, rank, world, get_device())
     load_seconds = time.time() - load_start
 
@@ -300,6 +299,10 @@ def _train_loop(config: dict[str, Any]) -> None:
                 metrics["val_best_step"] = float(val.best_step)
                 stop = last or bool(config.get("patience") and val.since_best >= config["patience"])
             window, window_start = [], time.time()
+            if rank == 0:  # progress on the driver's console (Ray forwards worker output)
+                val_part = f", held-out TD error {metrics['val_td_error']:.4f}" if val is not None else ""
+                print(f"train: step {step}/{config['steps']}, loss_q {metrics['loss_q']:.4f}, loss_v "
+                      f"{metrics['loss_v']:.4f}{val_part}, {metrics['steps_per_s']:.2f} steps/s", flush=True)
             if mlflow_client:
                 from mlflow.entities import Metric
 

@@ -156,3 +156,41 @@ def test_train_job_fits_exports_evaluates_and_serves_a_cross_critic(encoded, wor
         serving.stop()
     assert body["scores"] == pytest.approx(critic.score(state, ["move north", "take coin"]), abs=1e-4)
     assert body["ood"] is not None
+
+
+def test_text_rows_pair_each_untaken_candidate_with_its_features():
+    """The encode stage keeps a prefix of each row's candidate features (train.max_candidates);
+    the cross head's rows must pair the same candidates with them."""
+    import pyarrow as pa
+
+    from harnessrl.jobs.train_cross import load_text_rows
+    from harnessrl.transitions import untaken_candidates
+
+    cands = ["go north", "take coin", "look", "open door", "inventory"]
+    order = untaken_candidates("look", cands)
+    feats = [[float(cands.index(c)), 1.0] for c in order][:3]  # what the encoded data keeps: a prefix
+    table = pa.table({"state_text": ["s"], "action_text": ["look"], "next_state_text": ["s2"], "reward": [1.0],
+                      "done": [True], "features": [[0.0, 1.0]], "candidates": [cands],
+                      "candidate_features": [feats], "outcome_success": [None]})
+    rows = load_text_rows([table])
+    assert rows["cand"][0] == order[:3] and "look" not in rows["cand"][0]
+    assert [int(f[0]) for f in rows["cand_f"][0]] == [cands.index(c) for c in rows["cand"][0]]
+    assert rows["features"].shape == (1, 2) and rows["reward"].tolist() == [1.0]
+    assert rows["outcome_success"].tolist() == [False]
+
+
+def test_cross_learners_checkpoint_round_trip(tmp_path, torch_one_thread):
+    """Resuming a cross run restores the trunk, the heads and the optimiser (there is no target copy)."""
+    from harnessrl.jobs.train_cross import CrossLearners
+
+    config = {"cross": CrossConfig(layers=1, max_length=32, hidden_dim=16).to_dict(), "encoder_name": BUILTIN_MINILM}
+    first = CrossLearners(config, 1)
+    first.critic.update(["a red door"] * 4, ["open it"] * 4, torch.ones(4), ["an open door"] * 4, torch.ones(4))
+    first.save(str(tmp_path), 7, {"reward_scale": 1.0})
+    again = CrossLearners(config, 1)
+    assert again.load(str(tmp_path)) == 7
+    for (name, a), b in zip(first.critic.core.state_dict().items(), again.critic.core.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert again.critic.opt.state_dict()["state"].keys() == first.critic.opt.state_dict()["state"].keys()
+    assert torch.equal(again.critic.opt.state_dict()["state"][0]["exp_avg"],
+                       first.critic.opt.state_dict()["state"][0]["exp_avg"])

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from harnessrl.algorithms.iql import (autocast, candidate_penalty, fp32, make_adam, mlp, q_loss, q_target,
-                                      standardised, value_loss)
+                                      standardised, step_metrics, value_loss)
 
 TRUNK_DIR = "trunk"  # in a critic folder: the trunk's config.json and tokenizer files (weights are in the critic's)
 
@@ -206,15 +206,5 @@ class CrossLearner:
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
-        adv = self.advantage = (tq - v).detach()
-        return {
-            "loss_q": loss_q.item(),
-            "loss_v": loss_v.item(),
-            "td_error": (y - q1.detach()).abs().mean().item(),
-            "q_mean": q1.mean().item(),
-            "q_abs_max": q1.detach().abs().max().item(),
-            "v_mean": v.mean().item(),
-            "adv_mean": adv.mean().item(),
-            "adv_std": adv.std().item() if adv.numel() > 1 else 0.0,
-            **metrics,
-        }
+        self.advantage = (tq - v).detach()
+        return {**step_metrics(loss_q, loss_v, y, q1, v, self.advantage), **metrics}

@@ -148,6 +148,21 @@ def candidate_penalty(q_cand: torch.Tensor, mask: torch.Tensor, q_taken: torch.T
 
 
 @torch.no_grad()
+def step_metrics(loss_q, loss_v, y, q1, v, adv) -> dict[str, float]:
+    """What one update step reports (the train job averages them per logging window)."""
+    return {
+        "loss_q": loss_q.item(),
+        "loss_v": loss_v.item(),
+        "td_error": (y - q1).abs().mean().item(),
+        "q_mean": q1.mean().item(),
+        "q_abs_max": q1.abs().max().item(),
+        "v_mean": v.mean().item(),
+        "adv_mean": adv.mean().item(),
+        "adv_std": adv.std().item() if adv.numel() > 1 else 0.0,
+    }
+
+
+@torch.no_grad()
 def polyak_update(target: nn.Module, source: nn.Module, rate: float) -> None:
     """target <- (1 - rate) * target + rate * source, all tensors in one foreach call."""
     torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), rate)
@@ -214,15 +229,5 @@ class IQLLearner:
         loss.backward()
         self.opt.step()
         polyak_update(self.target_q, self.core.q, cfg.polyak)
-        adv = self.advantage = (tq - v).detach()
-        return {
-            "loss_q": loss_q.item(),
-            "loss_v": loss_v.item(),
-            "td_error": (y - q1.detach()).abs().mean().item(),
-            "q_mean": q1.mean().item(),
-            "q_abs_max": q1.detach().abs().max().item(),
-            "v_mean": v.mean().item(),
-            "adv_mean": adv.mean().item(),
-            "adv_std": adv.std().item() if adv.numel() > 1 else 0.0,
-            **metrics,
-        }
+        self.advantage = (tq - v).detach()
+        return {**step_metrics(loss_q, loss_v, y, q1, v, self.advantage), **metrics}
