@@ -194,3 +194,24 @@ def test_cross_learners_checkpoint_round_trip(tmp_path, torch_one_thread):
     assert again.critic.opt.state_dict()["state"].keys() == first.critic.opt.state_dict()["state"].keys()
     assert torch.equal(again.critic.opt.state_dict()["state"][0]["exp_avg"],
                        first.critic.opt.state_dict()["state"][0]["exp_avg"])
+
+
+def test_cross_scorer_is_safe_under_concurrent_requests(torch_one_thread):
+    """The service scores batches from several threads: every result must equal the sequential one
+    (nothing shared between calls, the tokeniser included, may fail or mix their inputs)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    scorer = _small(feature_dim=0, alpha=0.0).scorer
+    scorer.net.eval()
+    long = " ".join(f"room {i} has a door" for i in range(60))  # cut at 64 tokens: truncation differs per call kind
+    jobs = [([f"you see a {c} door, step {i}. {long}"] * 3, [f"open {c} door", "wait", f"look at the {c} wall"])
+            for i in range(40) for c in COLORS[:2]]
+
+    def run(job):  # pairs (the state truncated first) and single states (longest first), as a service batch does
+        return scorer.min_q(*job), scorer.value(job[0])
+
+    expected = [run(job) for job in jobs]
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(run, jobs))
+    assert all(torch.allclose(g[0], e[0], atol=1e-5) and torch.allclose(g[1], e[1], atol=1e-5)
+               for g, e in zip(got, expected))

@@ -82,7 +82,8 @@ class Critic:
 
     @classmethod
     def load(cls, uri: str | Path, device: str | None = None, with_encoder: bool = True) -> "Critic":
-        """From `models:/NAME@ALIAS`, `models:/NAME/VERSION` or a local critic folder.
+        """From `models:/NAME@ALIAS`, `models:/NAME/VERSION` or a local critic folder; `device`
+        (e.g. "cuda") is where the encoder and a cross head's trunk run (default: the encoder's choice, CPU trunk).
 
         `with_encoder=False` loads no sentence encoder: every embedding must then be given to
         `encode` (the service's encoder deployment computes them)."""
@@ -98,6 +99,8 @@ class Critic:
             if not Path(path).exists():
                 raise ModelError(f"no critic at {path}")
         net, meta = load_critic_files(path)
+        if device and meta.get("head") == "cross":  # the trunk scores every pair: put it on the device asked for
+            net.net.to(device)
         encoder = None
         if with_encoder:
             encoder, identity = load_encoder(meta["encoder"]["model_name"], device, meta["encoder"]["max_seq_length"],

@@ -13,6 +13,7 @@ on; V regresses to the current min Q, detached (IQL with polyak 1).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -97,24 +98,32 @@ class CrossIQLNetwork(nn.Module):
 
 
 class CrossScorer:
-    """Texts in, values out: the tokeniser beside the network, chunked for inference."""
+    """Texts in, values out: the tokeniser beside the network, chunked for inference.
+
+    The service scores from several threads at once. Older fast tokenisers fail when called
+    concurrently ("Already borrowed": each call resets truncation and padding; huggingface/tokenizers
+    #537); transformers 5.24 with tokenizers 0.23 did not in 4,000 calls from 16 threads. Calls to
+    the tokeniser are serialised all the same (microseconds); the forward passes are not."""
 
     CHUNK = 64
 
     def __init__(self, net: CrossIQLNetwork, tokenizer, max_length: int):
         self.net, self.tokenizer, self.max_length = net, tokenizer, max_length
+        self._tokenizer_lock = threading.Lock()
 
     @property
     def device(self) -> torch.device:
         return next(self.net.parameters()).device
 
     def pairs(self, states: list[str], actions: list[str]) -> dict[str, torch.Tensor]:
-        x = self.tokenizer(states, actions, truncation="only_first", max_length=self.max_length, padding=True,
-                           return_tensors="pt")
+        with self._tokenizer_lock:
+            x = self.tokenizer(states, actions, truncation="only_first", max_length=self.max_length, padding=True,
+                               return_tensors="pt")
         return {k: v.to(self.device) for k, v in x.items()}
 
     def singles(self, texts: list[str]) -> dict[str, torch.Tensor]:
-        x = self.tokenizer(texts, truncation=True, max_length=self.max_length, padding=True, return_tensors="pt")
+        with self._tokenizer_lock:
+            x = self.tokenizer(texts, truncation=True, max_length=self.max_length, padding=True, return_tensors="pt")
         return {k: v.to(self.device) for k, v in x.items()}
 
     @torch.no_grad()
