@@ -20,8 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from harnessrl.algorithms.iql import (autocast, candidate_penalty, fp32, make_adam, mlp, q_loss, q_target,
-                                      standardised, step_metrics, value_loss)
+from harnessrl.algorithms.iql import autocast, fp32, iql_objective, make_adam, mlp, standardised
 
 TRUNK_DIR = "trunk"  # in a critic folder: the trunk's config.json and tokenizer files (weights are in the critic's)
 
@@ -200,20 +199,10 @@ class CrossLearner:
                                              f, cand_pairs, flat_f)
         q1, q2, v, v_next = fp32(q1, q2, v, v_next)
         tq = torch.minimum(q1, q2).detach()
-        y = q_target(r, done, v_next.detach(), cfg.gamma)
-        loss_v = value_loss(tq, v, cfg.expectile)
-        loss_q = q_loss(q1, q2, y)
-        loss = loss_v + loss_q
-        metrics = {}
-        if use_cand:
-            q_c1, q_c2 = (x.float().reshape(len(states), -1) for x in qc)
-            penalty = candidate_penalty(q_c1, cand_mask, q1) + candidate_penalty(q_c2, cand_mask, q2)
-            loss = loss + cfg.alpha * penalty
-            metrics["cand_penalty"] = penalty.item()
-            gap = (q1.unsqueeze(1) - q_c1).masked_select(cand_mask)
-            metrics["cand_gap_mean"] = gap.mean().item() if gap.numel() else 0.0
+        qc = tuple(x.float().reshape(len(states), -1) for x in qc) if use_cand else None
+        loss, metrics = iql_objective(cfg, r, done, q1, q2, v, v_next, tq, qc, cand_mask)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
         self.advantage = (tq - v).detach()
-        return {**step_metrics(loss_q, loss_v, y, q1, v, self.advantage), **metrics}
+        return metrics

@@ -147,19 +147,34 @@ def candidate_penalty(q_cand: torch.Tensor, mask: torch.Tensor, q_taken: torch.T
     return (torch.logsumexp(logits, dim=1) - q_taken).mean()
 
 
-@torch.no_grad()
-def step_metrics(loss_q, loss_v, y, q1, v, adv) -> dict[str, float]:
-    """What one update step reports (the train job averages them per logging window)."""
-    return {
-        "loss_q": loss_q.item(),
-        "loss_v": loss_v.item(),
-        "td_error": (y - q1).abs().mean().item(),
-        "q_mean": q1.mean().item(),
-        "q_abs_max": q1.abs().max().item(),
-        "v_mean": v.mean().item(),
-        "adv_mean": adv.mean().item(),
-        "adv_std": adv.std().item() if adv.numel() > 1 else 0.0,
-    }
+def iql_objective(cfg, r, done, q1, q2, v, v_next, tq, qc=None, cand_mask=None) -> tuple[torch.Tensor, dict[str, float]]:
+    """One batch's loss (expectile V towards the target min Q, TD Q towards r + gamma V(s'), plus
+    alpha x the candidate penalty when `qc`, the twin Q of the untaken candidates, is given) and
+    what the step reports (the train job averages it per logging window). Float32 inputs."""
+    y = q_target(r, done, v_next.detach(), cfg.gamma)
+    loss_v = value_loss(tq, v, cfg.expectile)
+    loss_q = q_loss(q1, q2, y)
+    loss = loss_v + loss_q
+    with torch.no_grad():
+        adv = tq - v
+        metrics = {
+            "loss_q": loss_q.item(),
+            "loss_v": loss_v.item(),
+            "td_error": (y - q1).abs().mean().item(),
+            "q_mean": q1.mean().item(),
+            "q_abs_max": q1.abs().max().item(),
+            "v_mean": v.mean().item(),
+            "adv_mean": adv.mean().item(),
+            "adv_std": adv.std().item() if adv.numel() > 1 else 0.0,
+        }
+    if qc is not None:
+        penalty = candidate_penalty(qc[0], cand_mask, q1) + candidate_penalty(qc[1], cand_mask, q2)
+        loss = loss + cfg.alpha * penalty
+        with torch.no_grad():
+            gap = (q1.unsqueeze(1) - qc[0]).masked_select(cand_mask)
+            metrics["cand_penalty"] = penalty.item()
+            metrics["cand_gap_mean"] = gap.mean().item() if gap.numel() else 0.0
+    return loss, metrics
 
 
 @torch.no_grad()
@@ -212,22 +227,11 @@ class IQLLearner:
             with torch.no_grad():
                 tq = self.target_q.min_q(s, a, f)
         q1, q2, v, v_next, tq = fp32(q1, q2, v, v_next, tq)
-        qc = fp32(*qc) if qc is not None else None
-        with torch.no_grad():
-            y = q_target(r, done, v_next.detach(), cfg.gamma)
-        loss_v = value_loss(tq, v, cfg.expectile)
-        loss_q = q_loss(q1, q2, y)
-        loss = loss_v + loss_q
-        metrics = {}
-        if use_cand:
-            penalty = candidate_penalty(qc[0], cand_mask, q1) + candidate_penalty(qc[1], cand_mask, q2)
-            loss = loss + cfg.alpha * penalty
-            metrics["cand_penalty"] = penalty.item()
-            gap = (q1.unsqueeze(1) - qc[0]).masked_select(cand_mask)
-            metrics["cand_gap_mean"] = gap.mean().item() if gap.numel() else 0.0
+        loss, metrics = iql_objective(cfg, r, done, q1, q2, v, v_next, tq, fp32(*qc) if qc is not None else None,
+                                      cand_mask)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
         polyak_update(self.target_q, self.core.q, cfg.polyak)
         self.advantage = (tq - v).detach()
-        return {**step_metrics(loss_q, loss_v, y, q1, v, self.advantage), **metrics}
+        return metrics
