@@ -215,3 +215,15 @@ def test_cross_scorer_is_safe_under_concurrent_requests(torch_one_thread):
         got = list(pool.map(run, jobs))
     assert all(torch.allclose(g[0], e[0], atol=1e-5) and torch.allclose(g[1], e[1], atol=1e-5)
                for g, e in zip(got, expected))
+
+
+def test_pairs_fit_the_budget_whichever_text_is_long(torch_one_thread):
+    """A long state is cut from its end and keeps the action whole; an action longer than the
+    budget (a tool call with a big argument) is cut too instead of failing the batch."""
+    scorer = _small(feature_dim=0, alpha=0.0).scorer
+    long = " ".join(f"word{i}" for i in range(600))
+    x = scorer.pairs([long, "you see a red door", "short"], ["open red door", long, long])
+    assert x["input_ids"].shape[1] == 64
+    first = scorer.tokenizer.decode(x["input_ids"][0][x["attention_mask"][0].bool()])
+    assert first.endswith("[SEP] open red door [SEP]") and first.startswith("[CLS] word0 word1")
+    assert torch.isfinite(scorer.min_q([long, "short"], [long, "open"])).all()

@@ -106,7 +106,8 @@ class CrossHeadConfig(_Strict):
 
     layers: int = Field(6, ge=1, le=48, description="first transformer layers of the encoder kept (fewer: faster, "
                                                     "weaker; MiniLM has 6)")
-    max_length: int = Field(256, ge=16, le=512, description="tokens per (state, action) pair; the state is cut first")
+    max_length: int = Field(256, ge=16, le=512, description="tokens per (state, action) pair; the longer text is cut "
+                                                                  "first (the state, unless the action is longer)")
     batch_size: int = Field(32, ge=2, description="states per step over all workers (the cross head's own batch: "
                                                   "train.batch_size is the frozen head's)")
     trunk_lr: float = Field(3e-5, gt=0, description="learning rate of the trunk (train.lr is the heads')")

@@ -28,7 +28,7 @@ TRUNK_DIR = "trunk"  # in a critic folder: the trunk's config.json and tokenizer
 @dataclass
 class CrossConfig:
     layers: int = 6  # first transformer layers of the encoder kept (MiniLM has 6)
-    max_length: int = 256  # tokens per pair; the state is truncated first (its current observation comes first)
+    max_length: int = 256  # tokens per pair; the longer text is cut first (usually the state, whose end goes)
     hidden_dim: int = 256
     gamma: float = 0.95
     expectile: float = 0.7
@@ -116,8 +116,10 @@ class CrossScorer:
 
     def pairs(self, states: list[str], actions: list[str]) -> dict[str, torch.Tensor]:
         with self._tokenizer_lock:
-            x = self.tokenizer(states, actions, truncation="only_first", max_length=self.max_length, padding=True,
-                               return_tensors="pt")
+            # longest_first: a state cut from its end (its current observation comes first), and an
+            # action longer than the budget (a tool call with a large argument) cut too, not refused
+            x = self.tokenizer(states, actions, truncation="longest_first", max_length=self.max_length,
+                               padding=True, return_tensors="pt")
         return {k: v.to(self.device) for k, v in x.items()}
 
     def singles(self, texts: list[str]) -> dict[str, torch.Tensor]:
