@@ -83,7 +83,7 @@ class Critic:
     @classmethod
     def load(cls, uri: str | Path, device: str | None = None, with_encoder: bool = True) -> "Critic":
         """From `models:/NAME@ALIAS`, `models:/NAME/VERSION` or a local critic folder; `device`
-        (e.g. "cuda") is where the encoder and a cross head's trunk run (default: the encoder's choice, CPU trunk).
+        (e.g. "cuda") is where the encoder and a cross head's trunk run (default: a GPU when one is visible).
 
         `with_encoder=False` loads no sentence encoder: every embedding must then be given to
         `encode` (the service's encoder deployment computes them)."""
@@ -99,8 +99,10 @@ class Critic:
             if not Path(path).exists():
                 raise ModelError(f"no critic at {path}")
         net, meta = load_critic_files(path)
-        if device and meta.get("head") == "cross":  # the trunk scores every pair: put it on the device asked for
-            net.net.to(device)
+        if meta.get("head") == "cross":  # the trunk scores every pair: on a GPU when there is one, as the encoder
+            import torch
+
+            net.net.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         encoder = None
         if with_encoder:
             encoder, identity = load_encoder(meta["encoder"]["model_name"], device, meta["encoder"]["max_seq_length"],
