@@ -94,8 +94,7 @@ def cross_setup(config: dict[str, Any], rank: int, world: int, device):
     import ray.train
     import torch
 
-    rows = load_text_rows(ray.train.get_dataset_shard("train").iter_batches(batch_size=4096, batch_format="pyarrow",
-                                                                             drop_last=False))
+    rows = load_text_rows(ray.train.get_dataset_shard("train").iter_batches(batch_size=4096, batch_format="pyarrow"))
     n = len(rows["reward"])
     if n == 0:
         raise RuntimeError(f"worker {rank} got an empty shard")
@@ -143,8 +142,9 @@ def loop_config(cfg, encoder_name: str, feature_dim: int) -> dict[str, Any]:
 
 
 def sample_successful(ds, n_rows: int, limit: int, seed: int) -> dict[str, Any]:
-    """Up to about `limit` rows of successful episodes (all rows when none succeeded), for the
-    fallback threshold: scoring every row through the trunk would cost a training pass."""
+    """The rows of successful episodes (of all episodes when none succeeded) among about `limit`
+    rows sampled, for the fallback threshold: scoring every row through the trunk would cost a
+    training pass."""
     rng = np.random.default_rng(seed)
     keep = min(1.0, limit / max(n_rows, 1))
     parts = []
