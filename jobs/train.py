@@ -162,6 +162,9 @@ class _Validation:
         self.t = {k: torch.from_numpy(data[k]) for k in keys}
         self.t["reward"] = self.t["reward"] * reward_scale
         self.gamma, self.n = gamma, len(data["reward"])
+        self.reset_best()
+
+    def reset_best(self) -> None:
         self.best_value, self.best_step, self.since_best = float("inf"), 0, 0
         self.best: dict[str, dict] = {}  # learner name -> state dict copy of the best weights
 
@@ -488,7 +491,7 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
     result = trainer.fit()
     if result.checkpoint is None:
         raise RuntimeError(f"training run {run_name} finished without a checkpoint: {result.error}")
-    net = IQLNetwork(iql)
+    net = None if cross else IQLNetwork(iql)
     tools_net = None
     with result.checkpoint.as_directory() as d:
         with open(os.path.join(d, "state.json")) as fh:

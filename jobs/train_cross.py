@@ -75,8 +75,7 @@ class CrossValidation(_Validation):
         if use_f:
             self.t["features"] = torch.from_numpy(rows["features"][pick])
         self.gamma, self.n = gamma, len(pick)
-        self.best_value, self.best_step, self.since_best = float("inf"), 0, 0
-        self.best: dict[str, dict] = {}
+        self.reset_best()
 
     def score(self, learners: _Learners) -> float:
         sc, r = learners.critic.scorer, self.rows

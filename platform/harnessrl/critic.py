@@ -98,11 +98,7 @@ class Critic:
             path = uri
             if not Path(path).exists():
                 raise ModelError(f"no critic at {path}")
-        net, meta = load_critic_files(path)
-        if meta.get("head") == "cross":  # the trunk scores every pair: on a GPU when there is one, as the encoder
-            import torch
-
-            net.net.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        net, meta = load_critic_files(path, device)
         encoder = None
         if with_encoder:
             encoder, identity = load_encoder(meta["encoder"]["model_name"], device, meta["encoder"]["max_seq_length"],

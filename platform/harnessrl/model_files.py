@@ -81,8 +81,9 @@ def load_tool_head(directory: str | Path, meta: dict[str, Any]):
     return net.eval()
 
 
-def load_critic_files(directory: str | Path):
-    """(network in eval mode, meta) from a critic folder; for a cross head the network is a CrossScorer."""
+def load_critic_files(directory: str | Path, device: str | None = None):
+    """(network in eval mode, meta) from a critic folder; for a cross head the network is a CrossScorer
+    whose trunk goes to `device` (default: a GPU when one is visible; the frozen head's MLP stays on the CPU)."""
     from safetensors.torch import load_file
 
     from harnessrl.algorithms.iql import IQLConfig, IQLNetwork
@@ -99,7 +100,8 @@ def load_critic_files(directory: str | Path):
     if meta.get("head") == "cross":
         from harnessrl.algorithms.cross import CrossConfig, load_cross_network
 
-        return load_cross_network(directory, CrossConfig(**meta["iql"]), load_file(str(directory / WEIGHTS))), meta
+        return load_cross_network(directory, CrossConfig(**meta["iql"]), load_file(str(directory / WEIGHTS)),
+                                  device), meta
     net = IQLNetwork(IQLConfig(**meta["iql"]))
     net.load_state_dict(load_file(str(directory / WEIGHTS)))
     net.eval()

@@ -155,8 +155,10 @@ def save_trunk_files(directory: str | Path, trunk, tokenizer) -> None:
     tokenizer.save_pretrained(path)
 
 
-def load_cross_network(directory: str | Path, cfg: CrossConfig, weights: dict[str, torch.Tensor]) -> CrossScorer:
-    """A saved cross critic: the architecture from its config, the weights from safetensors."""
+def load_cross_network(directory: str | Path, cfg: CrossConfig, weights: dict[str, torch.Tensor],
+                       device: str | None = None) -> CrossScorer:
+    """A saved cross critic: the architecture from its config, the weights from safetensors, on
+    `device` (default: a GPU when one is visible, as sentence-transformers places the encoder)."""
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
     from harnessrl.encoders import apply_offline_env
@@ -165,6 +167,7 @@ def load_cross_network(directory: str | Path, cfg: CrossConfig, weights: dict[st
     path = Path(directory) / TRUNK_DIR
     net = CrossIQLNetwork(cfg, shape_trunk(AutoModel.from_config(AutoConfig.from_pretrained(path))))
     net.load_state_dict(weights)
+    net.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     return CrossScorer(net.eval(), AutoTokenizer.from_pretrained(path), cfg.max_length)
 
 
