@@ -17,14 +17,16 @@ Every scorer plays the same held-out seeds; at each step it gets the task, the h
                action again from the same observation while another is left (the critic through
                the service's request field, BC with the same function, harnessrl.features.repeats_here)
 
-Tiers: `id` = train-fold seeds never used in the logs (train or test file), `ood` = test-fold
-seeds (not in the test logs either). Seeds are drawn deterministically per (tier, family)
+Tiers: `id` = train-fold seeds never used in the logs (the bundled train and test files, and
+`--logs`), `ood` = test-fold seeds (not in the test logs either). Seeds are drawn deterministically per (tier, family)
 among those the expert solves from the start.
 
     python bench/twx.py --reduced                                   # CI configuration, < 5 min
     python bench/twx.py --families coin,sorting,arithmetic,mapreader,twc,peckingorder \
         --seeds-per-family 5 --json out.json --markdown out.md     # trains the quickstart critic first
     python bench/twx.py --model twx-critic@champion --encoded $HARNESSRL_HOME/runs/quickstart/encoded ...
+    python -m harnessrl.examples.twx --out /tmp/logs --train-episodes 1500 --test-episodes 0
+    python bench/twx.py --logs /tmp/logs/twx_train.jsonl.gz ...     # the critic and BC learn from more logs
 
 Ray binds 127.0.0.1; the service binds 127.0.0.1 on a free port; every loop is bounded.
 """
@@ -83,9 +85,25 @@ def summarise(episodes: list[dict]) -> dict[str, Any]:
 
 
 # ---- logs and seeds ----------------------------------------------------------------------------
+def log_lines(path: str | None) -> list[bytes]:
+    """The lines of a native JSONL(.gz) log file; None: the bundled training logs."""
+    raw = (Path(path).read_bytes() if path
+           else resources.files("harnessrl.examples").joinpath("data/twx_train.jsonl.gz").read_bytes())
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    return [line for line in raw.splitlines(True) if line.strip()]
+
+
 def read_records(name: str) -> list[dict]:
     src = resources.files("harnessrl.examples").joinpath(f"data/{name}.jsonl.gz")
     return [json.loads(line) for line in gzip.decompress(src.read_bytes()).splitlines() if line.strip()]
+
+
+def known_records(logs: str | None) -> list[dict]:
+    """The records BC looks episodes up in and whose seeds stay out of the tiers: the training logs
+    (`--logs`), the bundled training logs and the bundled test logs."""
+    extra = [json.loads(line) for line in log_lines(logs)] if logs else []
+    return extra + read_records("twx_train") + read_records("twx_test")
 
 
 def used_seeds(records: list[dict]) -> set[tuple[str, str, int]]:
@@ -252,25 +270,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def pipeline_overrides(args, work: Path) -> list[str]:
+    """The quickstart pipeline's overrides for the bench's critic: its logs (reduced: the first
+    `--reduced-episodes` of them, train.steps=200), then the user's `--set`s."""
+    overrides = [f"output_dir={work / 'pipeline'}", "serve.enabled=false", "data.heldout=[]",
+                 f"registry.model_name={args.model_name}", "registry.experiment=twx-bench"]
+    if args.reduced:
+        subset = work / "twx_train_subset.jsonl"
+        subset.write_bytes(b"".join(log_lines(args.logs)[: args.reduced_episodes]))
+        overrides += [f"data.train=[{subset}]", "train.steps=200", "train.checkpoint_every=100",
+                      "train.batch_size=128", "train.log_every=50"]
+    elif args.logs:
+        overrides.append(f"data.train=[{Path(args.logs).resolve()}]")
+    return overrides + list(args.set or [])
+
+
 def train_critic(args, work: Path) -> tuple[str, str, dict]:
-    """Run the quickstart pipeline (reduced: a slice of the logs, train.steps=200); returns
-    (model URI, pipeline output dir, summary)."""
+    """Run the quickstart pipeline; returns (model URI, pipeline output dir, summary)."""
     from harnessrl.config import load_pipeline
     from harnessrl.jobs.pipeline import run_pipeline
 
-    out = str(work / "pipeline")
-    overrides = [f"output_dir={out}", "serve.enabled=false", "data.heldout=[]",
-                 f"registry.model_name={args.model_name}", "registry.experiment=twx-bench"]
-    if args.reduced:
-        lines = gzip.decompress(
-            resources.files("harnessrl.examples").joinpath("data/twx_train.jsonl.gz").read_bytes()).splitlines(True)
-        subset = work / "twx_train_subset.jsonl"
-        subset.write_bytes(b"".join(lines[: args.reduced_episodes]))
-        overrides += [f"data.train=[{subset}]", "train.steps=200", "train.checkpoint_every=100",
-                      "train.batch_size=128", "train.log_every=50"]
-    overrides += list(args.set or [])
-    summary = run_pipeline(load_pipeline(ROOT / "pipelines" / "quickstart.yaml", overrides))
-    return summary["model"]["uri"], out, summary
+    summary = run_pipeline(load_pipeline(ROOT / "pipelines" / "quickstart.yaml", pipeline_overrides(args, work)))
+    return summary["model"]["uri"], str(work / "pipeline"), summary
 
 
 def build_bc(names: list[str], encoded_dir: str, episodes: dict[str, dict], steps: int, render_cfg: dict) -> dict:
@@ -282,7 +303,7 @@ def build_bc(names: list[str], encoded_dir: str, episodes: dict[str, dict], step
 
     rows = load_rows(encoded_dir)
     ident = encoder_identity(encoded_dir)
-    model, _ = load_encoder(ident["model_name"], None, ident.get("max_seq_length"))
+    model, _ = load_encoder(ident["model_name"], None, ident.get("max_seq_length"), ident.get("precision", "float32"))
 
     def encode(texts):
         return model.encode(list(texts), convert_to_numpy=True, show_progress_bar=False, batch_size=64)
@@ -299,7 +320,7 @@ def build_bc(names: list[str], encoded_dir: str, episodes: dict[str, dict], step
     native = {r["episode_id"]: r["native_id"] for r in ing}
     meta = [episodes.get(native.get(e)) for e in rows["episode_id"]]
     if any(m is None for m in meta):
-        raise SystemExit("encoded rows name episodes that are not in the bundled logs")
+        raise SystemExit("encoded rows name episodes that are not in the logs (--logs, or the bundled ones)")
     keeps = {
         "bc": np.ones(len(meta), bool),
         "bc-success": np.array([bool(m["outcome"]["success"]) for m in meta]),
@@ -425,10 +446,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--encoded", help="the pipeline's encoded dir (for BC); default: that of the training run, "
                    "or $HARNESSRL_HOME/runs/quickstart/encoded with --model")
     p.add_argument("--model-name", default="twx-bench-critic", help="registry name when training here")
+    p.add_argument("--logs", help="the logs the critic and BC learn from (native JSONL, .gz or not), e.g. a larger "
+                   "corpus from `python -m harnessrl.examples.twx --train-episodes 1500`; their seeds stay out of "
+                   "the tiers (default: the bundled twx_train)")
     p.add_argument("--set", action="append", help="pipeline override when training here (repeatable)")
     p.add_argument("--bc-steps", type=int, default=None, help="BC gradient steps (default 800; reduced 150)")
     p.add_argument("--reduced", action="store_true", help="the CI configuration (< 5 min on 2 cores)")
-    p.add_argument("--reduced-episodes", type=int, default=40, help="log episodes the reduced critic trains on")
+    p.add_argument("--reduced-episodes", type=int, default=40, help="log episodes (the first) the reduced critic "
+                   "trains on")
     p.add_argument("--work-dir", help="where a trained pipeline writes (default: a temp dir)")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--markdown", help="write the markdown table here")
@@ -484,7 +509,7 @@ def run(args: argparse.Namespace) -> dict:
 
         encoded = str(settings.runs_dir() / "quickstart" / "encoded")
 
-    records = read_records("twx_train") + read_records("twx_test")
+    records = known_records(args.logs)
     by_episode = {r["episode_id"]: r for r in records}
     ctx: dict[str, Any] = {}
     bc_info = None
