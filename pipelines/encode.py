@@ -341,6 +341,10 @@ class _Registry:
                     self.cached.setdefault(bucket, []).append(hashes[i])
         return [self.owner[h] == owner for h in hashes]
 
+    def counts(self) -> tuple[int, int]:
+        """(distinct texts claimed so far, of them from the cache): for the progress line."""
+        return len(self.owner), sum(len(v) for v in self.cached.values())
+
     def summary(self) -> dict:
         n_cached = sum(len(v) for v in self.cached.values())
         return {"distinct": len(self.owner), "cached": self.cached, "n_cached": n_cached,
@@ -411,22 +415,24 @@ def _file_batches(transitions_dir: str, path: str, columns: list[str] | None, ro
 
 
 def _scan_files(files: pa.Table, transitions_dir: str, registries: list, max_candidates: int, buckets: int,
-                block_texts: int):
+                block_texts: int, progress=None):
     """`_scan` over transitions files (one task per file, read in batches of SCAN_ROWS)."""
     for path in files.column("path").to_pylist():
         for rows in _file_batches(transitions_dir, path, [*TEXT_COLUMNS, "candidates"], SCAN_ROWS):
             yield from _scan(rows, registries, max_candidates, buckets, block_texts)
+        if progress is not None:
+            progress.scanned.remote()
 
 
 class _Encoder:
     """One model load per actor: at start, or at its first text when a cache may answer
     everything (then a fully cached run loads no model at all)."""
 
-    def __init__(self, cfg: EncoderConfig, plan: PoolPlan, identity: str, eager: bool):
+    def __init__(self, cfg: EncoderConfig, plan: PoolPlan, identity: str, eager: bool, progress=None):
         import torch
 
         torch.set_num_threads(plan.threads)
-        self.cfg, self.plan = cfg, plan
+        self.cfg, self.plan, self.progress = cfg, plan, progress
         self.identity = EncoderIdentity.from_json(identity)
         self.model = None
         self.texts_encoded = 0
@@ -449,6 +455,8 @@ class _Encoder:
             out[idx] = self.model.encode([texts[i] for i in idx], batch_size=len(idx), convert_to_numpy=True,
                                          show_progress_bar=False)
         self.texts_encoded += len(texts)
+        if self.progress is not None:
+            self.progress.encoded.remote(len(texts))
         return out
 
     def __call__(self, block: pa.Table) -> pa.Table:
@@ -589,6 +597,77 @@ def check_identity(encoded_dir: str, identity: EncoderIdentity, where: str = "")
         EncoderIdentity.from_json(meta[ENCODER_KEY].decode()).check_same(identity, f"{where} (Parquet schema)")
 
 
+# ---- progress -----------------------------------------------------------------------------------
+PROGRESS_SECONDS = 30.0  # between progress lines while texts are encoded
+
+
+class _Progress:
+    """The run's counters for the driver's progress line (a Ray actor, no CPU reserved): input
+    files scanned and texts encoded so far."""
+
+    def __init__(self):
+        self.files, self.texts = 0, 0
+
+    def scanned(self) -> None:
+        self.files += 1
+
+    def encoded(self, n: int) -> None:
+        self.texts += n
+
+    def snapshot(self) -> tuple[int, int]:
+        return self.files, self.texts
+
+
+def progress_line(encoded: int, to_encode: int, files_done: int, files: int, seconds: float) -> str:
+    """What the stage has done so far. Until every file is scanned the total is not known yet,
+    so there is no share and no time left."""
+    rate = encoded / seconds if seconds > 0 else 0.0
+    if files_done < files:
+        return (f"encode: {encoded:,} texts encoded of {to_encode:,} found so far (scanned {files_done}/{files} "
+                f"files), {rate:.0f} texts/s")
+    left = max(to_encode - encoded, 0)
+    eta = f", about {_duration(left / rate)} left" if rate > 0 and left else ""
+    return (f"encode: {encoded:,} of {to_encode:,} texts encoded ({encoded / max(to_encode, 1):.0%}), "
+            f"{rate:.0f} texts/s{eta}")
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+
+
+class _ProgressLog:
+    """Logs `progress_line` every `every` seconds from a driver thread while the texts are
+    encoded (the stage's long phase: minutes to hours on a large corpus)."""
+
+    def __init__(self, progress, registries: list, files: int, every: float | None):
+        self.progress, self.registries, self.files, self.every = progress, registries, files, every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="encode-progress")
+        self._start = time.time()
+
+    def _run(self) -> None:
+        import ray
+
+        while not self._stop.wait(self.every):
+            try:
+                files_done, encoded = ray.get(self.progress.snapshot.remote(), timeout=10)
+                counts = ray.get([r.counts.remote() for r in self.registries], timeout=10)
+            except Exception:  # a late or failed poll only skips a line
+                continue
+            to_encode = sum(d - c for d, c in counts)
+            log.info("%s", progress_line(encoded, to_encode, files_done, self.files, time.time() - self._start))
+
+    def __enter__(self):
+        if self.every:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=15)
+
+
 # ---- the stage --------------------------------------------------------------------------------
 class _PeakRss:
     """Peak resident memory of this process while the stage runs (sampled every 0.1 s)."""
@@ -637,7 +716,10 @@ def registry_shards(cpus: float, buckets: int) -> int:
     return max(1, min(buckets, int(cpus // 16)))
 
 
-def encode(transitions_dir: str, out_dir: str, cfg: EncoderConfig) -> EncodeResult:
+def encode(transitions_dir: str, out_dir: str, cfg: EncoderConfig,
+           progress_every: float | None = PROGRESS_SECONDS) -> EncodeResult:
+    """Encode every distinct text of the transitions once and write them with their embeddings;
+    logs a progress line every `progress_every` seconds (None: none) while texts are encoded."""
     import ray
 
     start = time.time()
@@ -669,28 +751,32 @@ def encode(transitions_dir: str, out_dir: str, cfg: EncoderConfig) -> EncodeResu
         run_id = uuid.uuid4().hex[:12]
         registry = ray.remote(num_cpus=0, max_restarts=0)(_Registry)
         registries = [registry.remote(cache) for _ in range(registry_shards(float(resources.get("CPU", 1)), buckets))]
+        progress = ray.remote(num_cpus=0, max_restarts=0)(_Progress).remote()
         try:
             # Each scan task reads one transitions file in batches (pyarrow, no Ray read operator: Ray's
             # reader bundles files and its worker's heap grew with the corpus) and yields only the texts
             # to encode; `memory` keeps Ray from fusing the scan into the encoder actors (same CPU
             # share): fused, the pool would get one task per file instead of one per block of texts.
-            with object_store_budget():  # set before the dataset is made
+            # the object-store budget is set before the dataset is made
+            with object_store_budget(), _ProgressLog(progress, registries, len(files), progress_every):
                 by_file = ray.data.from_items([{"path": f} for f in files], override_num_blocks=len(files))
                 new_texts = by_file.map_batches(
                     _scan_files, batch_format="pyarrow", batch_size=1, num_cpus=TASK_CPUS, memory=SCAN_MEMORY,
                     fn_kwargs={"transitions_dir": transitions_dir, "registries": registries,
-                               "max_candidates": cfg.max_candidates, "buckets": buckets, "block_texts": cfg.block_texts})
+                               "max_candidates": cfg.max_candidates, "buckets": buckets, "block_texts": cfg.block_texts,
+                               "progress": progress})
                 # a task's outputs are merged into one block: cut them again, so that the pool's
                 # unit of work is `block_texts` texts of similar length, not one input file
                 new_texts = new_texts.repartition(target_num_rows_per_block=cfg.block_texts)
                 new_texts.map_batches(
                     _Encoder, batch_format="pyarrow",
-                    fn_constructor_kwargs={"cfg": cfg, "plan": plan, "identity": identity.to_json(), "eager": eager},
+                    fn_constructor_kwargs={"cfg": cfg, "plan": plan, "identity": identity.to_json(), "eager": eager,
+                                           "progress": progress},
                     **plan.map_kwargs(cfg.block_texts),
                 ).write_parquet(emb_dir, compression="zstd")
             summaries = ray.get([r.summary.remote() for r in registries])
         finally:
-            for r in registries:
+            for r in [*registries, progress]:
                 ray.kill(r)
         n_distinct = sum(x["distinct"] for x in summaries)
         n_cached = sum(x["n_cached"] for x in summaries)

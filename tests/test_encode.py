@@ -8,6 +8,8 @@ Stage runs use the session's local Ray (2 CPUs) and the transitions of the sampl
 from __future__ import annotations
 
 import json
+import logging
+import re
 import shutil
 
 import numpy as np
@@ -44,13 +46,34 @@ def s3_cache(s3):
     return f"s3://{s3['bucket']}/embedding-cache"
 
 
+PROGRESS: list[str] = []  # the first run's progress lines
+
+
+class _Lines(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
 @pytest.fixture(scope="module")
 def first_run(transitions, work, s3_cache):
-    """float16 columns, the cache on S3 (empty at first)."""
-    from harnessrl.pipelines.encode import encode
+    """float16 columns, the cache on S3 (empty at first); a progress line every 0.5 s, kept."""
+    from harnessrl.pipelines.encode import encode, log
 
     cfg = EncoderConfig(batch_size=32, max_seq_length=128, dtype="float16", cache=s3_cache, block_texts=128)
-    return cfg, encode(str(work["dir"] / "transitions"), str(work["dir"] / "enc16"), cfg)
+    handler, level = _Lines(), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        result = encode(str(work["dir"] / "transitions"), str(work["dir"] / "enc16"), cfg, progress_every=0.5)
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    PROGRESS[:] = [line for line in handler.lines if " texts encoded" in line]
+    return cfg, result
 
 
 # ---- dedupe ----------------------------------------------------------------------------------
@@ -92,6 +115,30 @@ def test_each_distinct_text_encoded_once_and_equal_to_direct(first_run, work, mo
 
 
 # ---- the persistent cache ----------------------------------------------------------------------
+def test_progress_lines_count_up_to_the_texts_encoded(first_run):
+    """The stage reports while it encodes: counts only grow, never past what it encoded in the end."""
+    _, result = first_run
+    lines = PROGRESS
+    assert lines, "no progress line in a run of several seconds with progress_every=0.5"
+    counts = [int(re.search(r"encode: ([\d,]+) ", line).group(1).replace(",", "")) for line in lines]
+    assert counts == sorted(counts) and counts[-1] <= result.texts_encoded
+    scanned = [line for line in lines if " of " in line and "found so far" not in line]
+    for line in scanned:  # once every file is scanned, the total is the run's
+        assert f"of {result.texts_encoded:,} texts encoded" in line
+
+
+def test_progress_line_before_and_after_the_scan():
+    from harnessrl.pipelines.encode import progress_line
+
+    assert progress_line(512, 2000, 1, 3, 10.0) == \
+        "encode: 512 texts encoded of 2,000 found so far (scanned 1/3 files), 51 texts/s"
+    assert progress_line(1000, 4000, 3, 3, 20.0) == \
+        "encode: 1,000 of 4,000 texts encoded (25%), 50 texts/s, about 60 s left"
+    assert progress_line(1000, 100000, 3, 3, 20.0).endswith("about 33 min left")
+    assert progress_line(0, 10, 3, 3, 5.0) == "encode: 0 of 10 texts encoded (0%), 0 texts/s"  # no rate, no guess
+    assert progress_line(10, 10, 3, 3, 5.0) == "encode: 10 of 10 texts encoded (100%), 2 texts/s"
+
+
 def test_rerun_takes_everything_from_the_cache(first_run, work):
     from harnessrl.pipelines.encode import encode
 
