@@ -118,3 +118,24 @@ def test_diagnosis_report_of_the_run(bench):
     assert run.data.metrics["id/critic/success"] == res["table"]["critic|id|all"]["success"]
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "diagnosis")}
     assert "diagnosis/report.md" in artifacts
+
+
+def test_ablation_table_of_the_run(bench):
+    """bench/twx_ablation.py's rows read this run's figures: one per critic run, one per baseline
+    the first run played (here bc and bc+norepeat, mix, random; bc-careful was not played)."""
+    ablation = import_bench("twx_ablation")
+    res = bench["results"]
+    rows = ablation.table_rows([("base", res), ("variant", res)])
+    by_label = {r[0]: r for r in rows}
+    cell = lambda s, t: f"{res['table'][f'{s}|{t}|all']['success']:.2f}"  # noqa: E731
+    loops = lambda s: " / ".join(f"{res['table'][f'{s}|{t}|all']['loop_rate']:.2f}" for t in ("id", "ood"))  # noqa: E731
+    # this run played the critic without the rule only: its +norepeat cells are empty
+    assert by_label["base"] == ["base", cell("critic", "id"), cell("critic", "ood"), "-", "-", loops("critic")]
+    assert by_label["variant"] == by_label["base"]
+    assert by_label["bc (same seeds)"] == [
+        "bc (same seeds)", cell("bc", "id"), cell("bc", "ood"), cell("bc+norepeat", "id"),
+        cell("bc+norepeat", "ood"), loops("bc")]
+    assert by_label["mix (same seeds)"][1:3] == [cell("mix", "id"), cell("mix", "ood")]
+    assert not any(label.startswith("bc-careful") for label in by_label)
+    assert len(rows) == 2 + 3  # two critic runs; bc, mix, random
+    assert ablation.markdown(rows).count("\n") == len(rows) + 1
