@@ -131,7 +131,7 @@ def test_ablation_table_of_the_run(bench):
     loops = lambda s: " / ".join(f"{res['table'][f'{s}|{t}|all']['loop_rate']:.2f}" for t in ("id", "ood"))  # noqa: E731
     # this run played the critic without the rule only: its +norepeat cells are empty
     assert by_label["base"] == ["base", cell("critic", "id"), cell("critic", "ood"), "-", "-", loops("critic")]
-    assert by_label["variant"] == by_label["base"]
+    assert by_label["variant"][1:] == by_label["base"][1:]
     assert by_label["bc (same seeds)"] == [
         "bc (same seeds)", cell("bc", "id"), cell("bc", "ood"), cell("bc+norepeat", "id"),
         cell("bc+norepeat", "ood"), loops("bc")]
