@@ -85,18 +85,24 @@ def summarise(episodes: list[dict]) -> dict[str, Any]:
 
 
 # ---- logs and seeds ----------------------------------------------------------------------------
-def log_lines(path: str | None) -> list[bytes]:
-    """The lines of a native JSONL(.gz) log file; None: the bundled training logs."""
-    raw = (Path(path).read_bytes() if path
-           else resources.files("harnessrl.examples").joinpath("data/twx_train.jsonl.gz").read_bytes())
+def _bundled(name: str) -> bytes:
+    return resources.files("harnessrl.examples").joinpath(f"data/{name}.jsonl.gz").read_bytes()
+
+
+def _lines(raw: bytes) -> list[bytes]:
+    """The non-blank lines of JSONL bytes, gzip or not."""
     if raw[:2] == b"\x1f\x8b":
         raw = gzip.decompress(raw)
     return [line for line in raw.splitlines(True) if line.strip()]
 
 
+def log_lines(path: str | None) -> list[bytes]:
+    """The lines of a native JSONL(.gz) log file; None: the bundled training logs."""
+    return _lines(Path(path).read_bytes() if path else _bundled("twx_train"))
+
+
 def read_records(name: str) -> list[dict]:
-    src = resources.files("harnessrl.examples").joinpath(f"data/{name}.jsonl.gz")
-    return [json.loads(line) for line in gzip.decompress(src.read_bytes()).splitlines() if line.strip()]
+    return [json.loads(line) for line in _lines(_bundled(name))]
 
 
 def known_records(logs: str | None) -> list[dict]:

@@ -346,8 +346,8 @@ class _Registry:
         return len(self.owner), sum(len(v) for v in self.cached.values())
 
     def summary(self) -> dict:
-        n_cached = sum(len(v) for v in self.cached.values())
-        return {"distinct": len(self.owner), "cached": self.cached, "n_cached": n_cached,
+        distinct, n_cached = self.counts()
+        return {"distinct": distinct, "cached": self.cached, "n_cached": n_cached,
                 "refs": sum(self.refs.values())}
 
 
@@ -658,7 +658,7 @@ class _ProgressLog:
             log.info("%s", progress_line(encoded, to_encode, files_done, self.files, time.time() - self._start))
 
     def __enter__(self):
-        if self.every:
+        if self.progress is not None:
             self._thread.start()
         return self
 
@@ -751,7 +751,7 @@ def encode(transitions_dir: str, out_dir: str, cfg: EncoderConfig,
         run_id = uuid.uuid4().hex[:12]
         registry = ray.remote(num_cpus=0, max_restarts=0)(_Registry)
         registries = [registry.remote(cache) for _ in range(registry_shards(float(resources.get("CPU", 1)), buckets))]
-        progress = ray.remote(num_cpus=0, max_restarts=0)(_Progress).remote()
+        progress = ray.remote(num_cpus=0, max_restarts=0)(_Progress).remote() if progress_every else None
         try:
             # Each scan task reads one transitions file in batches (pyarrow, no Ray read operator: Ray's
             # reader bundles files and its worker's heap grew with the corpus) and yields only the texts
@@ -777,7 +777,8 @@ def encode(transitions_dir: str, out_dir: str, cfg: EncoderConfig,
             summaries = ray.get([r.summary.remote() for r in registries])
         finally:
             for r in [*registries, progress]:
-                ray.kill(r)
+                if r is not None:
+                    ray.kill(r)
         n_distinct = sum(x["distinct"] for x in summaries)
         n_cached = sum(x["n_cached"] for x in summaries)
         texts_total = sum(x["refs"] for x in summaries)

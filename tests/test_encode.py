@@ -143,7 +143,8 @@ def test_rerun_takes_everything_from_the_cache(first_run, work):
     from harnessrl.pipelines.encode import encode
 
     cfg, first = first_run
-    again = encode(str(work["dir"] / "transitions"), str(work["dir"] / "enc16-again"), cfg)
+    again = encode(str(work["dir"] / "transitions"), str(work["dir"] / "enc16-again"), cfg,
+                   progress_every=None)  # and no progress actor
     assert again.texts_distinct == first.texts_distinct
     assert again.texts_cached == first.texts_distinct and again.texts_encoded == 0  # no model call at all
     a = _table(work["dir"] / "enc16" / "data").sort_by([("episode_id", "ascending"), ("step_idx", "ascending")])
