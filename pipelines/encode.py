@@ -46,7 +46,7 @@ import pyarrow.compute as pc
 from harnessrl import schemas, storage
 from harnessrl.config import EncoderConfig
 from harnessrl.embedding_cache import BUCKETS, EmbeddingCache, bucket_of, emb_array, emb_matrix
-from harnessrl.encoders import EncoderIdentity, encoder_identity, load_encoder, text_hash
+from harnessrl.encoders import EncoderIdentity, cpu_has_native_bf16, encoder_identity, load_encoder, text_hash
 from harnessrl.errors import ConfigError, DataError, ModelError
 from harnessrl.ray_runtime import object_store_budget
 from harnessrl.transitions import untaken_candidates
@@ -60,6 +60,9 @@ ENCODER_KEY = b"harnessrl.encoder"
 SCAN_MEMORY = 512 << 20  # logical reservation of a scan task (one block of transitions)
 SCAN_ROWS = 8192  # transitions per scan batch, read straight from the file
 ATTACH_ROWS = 4096  # transitions per attach batch (and row group of the output)
+# Up to this many transitions the driver attaches them itself: 5k take ~1.2 s there, against
+# ~4.5 s as tasks on 2 CPUs (new workers start and import, each for one small file).
+DRIVER_ATTACH_ROWS = 20_000
 
 
 @dataclass
@@ -207,7 +210,16 @@ def plan_pool(cfg: EncoderConfig, resources: dict, node_cpus: float | None = Non
         threads = max(1, int(min(largest, max(share, largest / per_node))))
     return PoolPlan(min_actors=lo, max_actors=hi, cpus_per_actor=share, gpus_per_actor=cfg.gpus_per_actor,
                     threads=threads, device="cuda" if gpu else "cpu",
-                    half=gpu and cfg.precision != "float32", notes=tuple(notes))
+                    half=gpu and cfg.precision in ("auto", "float16"), notes=tuple(notes))
+
+
+def bf16_hint(device: str, precision: str, native: bool) -> str | None:
+    """What the stage tells a CPU user who could encode faster: float32 is the default because
+    its vectors do not depend on the batch they are computed in; bfloat16's move by up to 1e-3."""
+    if device == "cpu" and precision == "float32" and native:
+        return ("this CPU computes bfloat16 natively: encoder.precision: bfloat16 would encode about 2x faster "
+                "(cosine to float32 0.9999+, but a text's vector then moves with its batch by up to 1e-3)")
+    return None
 
 
 def pool_size(cfg: EncoderConfig) -> int:
@@ -440,8 +452,9 @@ class _Encoder:
             self._load()
 
     def _load(self) -> None:
+        # the precision of the run's identity (the driver's), not this actor's configuration: one run, one precision
         model, identity = load_encoder(self.cfg.model, self.plan.device, self.cfg.max_seq_length,
-                                       self.cfg.identity_precision)
+                                       self.identity.precision)
         if self.plan.half:
             model.half()
         self.identity.check_same(identity, f"encoder actor ({self.plan.device})")
@@ -557,6 +570,25 @@ def _attach_file(path: str, part: int, transitions_dir: str, data_dir: str, inde
         if writer is not None:
             writer.close()
     return n
+
+
+def attach_all(files: list[str], transitions_dir: str, data_dir: str, index: tuple[np.ndarray, np.ndarray],
+               max_candidates: int, schema_meta: dict, in_driver: bool) -> int:
+    """Every transitions file -> its encoded file; returns the rows written. A small corpus is
+    attached here, file after file; a large one by one plain Ray task per file, all submitted at
+    once (not a Ray Data execution: nothing flows between tasks, and its start-up was 3 s of the
+    phase's 4.6 s on the example corpus), the index resolved zero-copy from the object store."""
+    import ray
+
+    fs, path = storage.filesystem(data_dir)
+    fs.create_dir(path, recursive=True)
+    if in_driver:
+        return sum(_attach_file(f, k, transitions_dir, data_dir, index, max_candidates, schema_meta)
+                   for k, f in enumerate(files))
+    shared = ray.put(index)
+    attach = ray.remote(num_cpus=TASK_CPUS)(_attach_file)
+    return sum(ray.get([attach.remote(f, k, transitions_dir, data_dir, shared, max_candidates, schema_meta)
+                        for k, f in enumerate(files)]))
 
 
 def _index(texts_dir: str, dtype: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
@@ -739,6 +771,9 @@ def encode(transitions_dir: str, out_dir: str, cfg: EncoderConfig,
                          max_blocks=math.ceil(rows * (3 + cfg.max_candidates) / cfg.block_texts))
         for note in plan.notes:
             log.warning("encode: %s", note)
+        hint = bf16_hint(plan.device, identity.precision, cpu_has_native_bf16())
+        if hint:
+            log.info("encode: %s", hint)
         buckets = cache.buckets if cache is not None else BUCKETS
         log.info("encode: %d transitions; %d-%d %s encoder actor(s) x %g CPU%s, %d thread(s) each%s", rows,
                  plan.min_actors, plan.max_actors, plan.device, plan.cpus_per_actor,
@@ -791,20 +826,12 @@ def encode(transitions_dir: str, out_dir: str, cfg: EncoderConfig,
         keys, matrix = _index(emb_dir, cfg.dtype, identity.dim)
         if len(keys) != n_distinct:
             raise DataError(f"encode: {n_distinct} distinct texts but {len(keys)} vectors under {emb_dir}")
-        index = ray.put((keys, matrix))
         schema_meta = {ENCODER_KEY: identity.to_json().encode(), b"harnessrl.embedding_dtype": cfg.dtype.encode()}
-        # One plain Ray task per transitions file: read, attach and write it a batch at a time. Not a
-        # Ray Data execution: nothing flows between tasks, and its start-up was 3 s of this phase's
-        # 4.6 s on the example corpus. The index is resolved zero-copy from the object store.
         data_dir = storage.join(out_dir, "data")
-        fs, path = storage.filesystem(data_dir)
-        fs.create_dir(path, recursive=True)
-        attach = ray.remote(num_cpus=TASK_CPUS)(_attach_file)
-        written = sum(ray.get([attach.remote(f, k, transitions_dir, data_dir, index, cfg.max_candidates, schema_meta)
-                               for k, f in enumerate(files)]))
+        written = attach_all(files, transitions_dir, data_dir, (keys, matrix), cfg.max_candidates, schema_meta,
+                             in_driver=rows <= DRIVER_ATTACH_ROWS)
         if written != rows:
             raise DataError(f"encode: {rows} transitions but {written} written to {data_dir}")
-        del index
         phases["attach"] = time.time() - start - phases["texts"]
 
         meta = {"encoder": json.loads(identity.to_json()), "encoder_digest": identity.digest(), "rows": rows,

@@ -46,10 +46,12 @@ class EncoderService:
         self.model, loaded = load_encoder(name, self.device, max_seq_length,
                                           **({} if precision == "float32" else {"precision": precision}))
         expected.check_same(loaded, "the encoder deployment (serve.encoder)")
-        self.fp16 = self.device == "cuda" and cfg.precision != "float32"
+        # float16 weights on a GPU, unless the model's vectors were made in bfloat16 (autocast then)
+        self.fp16 = self.device == "cuda" and cfg.precision != "float32" and precision == "float32"
         if self.fp16:
             self.model.half()
         self.identity = loaded
+        self.precision = "float16" if self.fp16 else loaded.precision
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = self.misses = self.batches = self.calls = 0
@@ -59,14 +61,14 @@ class EncoderService:
 
         self._ray = {k: rm.Counter(f"harnessrl_encoder_cache_{k}", f"encoder deployment: texts {what}")
                      for k, what in (("hits", "served from its LRU"), ("misses", "it had to encode"))}
-        log.info("encoder %s on %s (%s)", loaded.model_name, self.device, "float16" if self.fp16 else "float32")
+        log.info("encoder %s on %s (%s)", loaded.model_name, self.device, self.precision)
 
     def identity_json(self) -> str:
         return self.identity.to_json()
 
     def stats(self) -> dict[str, Any]:
         return {"hits": self.hits, "misses": self.misses, "size": len(self._cache), "batches": self.batches,
-                "calls": self.calls, "device": self.device, "precision": "float16" if self.fp16 else "float32"}
+                "calls": self.calls, "device": self.device, "precision": self.precision}
 
     async def encode(self, texts: list[str]) -> np.ndarray:
         """Embeddings (float32, one row per text, in order) of `texts`."""

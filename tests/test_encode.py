@@ -239,6 +239,25 @@ def test_cache_roundtrip_local_and_s3(tmp_path, s3):
         assert len(buckets) > 1  # spread over buckets: a lookup reads only its own
 
 
+def test_attach_in_tasks_equals_attach_in_driver(encoded, work, tmp_path):
+    """A small corpus is attached by the driver, a large one by Ray tasks: the same files either way."""
+    from harnessrl.pipelines.encode import _index, _input_files, attach_all
+
+    src = str(work["dir"] / "transitions")
+    files = _input_files(src)
+    assert len(files) > 1
+    index = _index(str(work["dir"] / "encoded" / "_texts"), "float32", 384)
+    meta = {b"harnessrl.encoder": b"{}"}
+    written = {mode: attach_all(files, src, str(tmp_path / mode), index, 16, meta, in_driver=mode == "driver")
+               for mode in ("driver", "tasks")}
+    assert written["driver"] == written["tasks"] == encoded.rows
+    for name in sorted(p.name for p in (tmp_path / "driver").iterdir()):
+        here, there = pq.read_table(tmp_path / "driver" / name), pq.read_table(tmp_path / "tasks" / name)
+        assert here.equals(there) and here.schema.metadata[b"harnessrl.encoder"] == b"{}"
+    ref = _table(work["dir"] / "encoded" / "data")
+    assert ref.equals(_table(tmp_path / "driver").select(ref.column_names))  # as the stage wrote them
+
+
 # ---- encoder identity ----------------------------------------------------------------------
 def test_identity_from_files_matches_loaded_model(model):
     _, loaded = model
@@ -292,12 +311,50 @@ def test_cpu_precision_is_part_of_the_identity(encoded, work, model):
             check_identity(encoded.out_dir, ident)  # float32 embeddings are not served as bfloat16 ones
     cfg = EncoderConfig(max_seq_length=128, precision="bfloat16")
     assert cfg.identity_precision == "bfloat16" and EncoderConfig().identity_precision == "float32"
-    with pytest.raises(ModelError, match="encoder mismatch in encoder actor"):  # a bf16 actor, a float32 run
-        _Encoder(cfg, plan_pool(cfg, {"CPU": 2}), identity.to_json(), eager=True)
-    with pytest.raises(ConfigError, match="for CPU actors"):
-        parse_pipeline({"data": {"train": ["x"]}, "encoder": {"precision": "bfloat16", "gpus_per_actor": 1}})
+    # an actor computes at the precision of the run's identity (decided once, by the driver),
+    # whatever its own configuration names: one run, one precision
+    actor = _Encoder(cfg, plan_pool(cfg, {"CPU": 2}), identity.to_json(), eager=True)
+    got = actor.encode(texts[:8])
+    np.testing.assert_allclose(got, ref[:8], atol=1e-5, rtol=0)
+    assert not np.allclose(got, vecs[:8], atol=1e-5)  # not the bfloat16 vectors its configuration names
+    # a GPU computes bfloat16 too (autocast, no float16 weights): such a critic serves on either
+    gpu_bf16 = parse_pipeline({"data": {"train": ["x"]}, "encoder": {"precision": "bfloat16", "gpus_per_actor": 1}})
+    assert gpu_bf16.encoder.identity_precision == "bfloat16"
+    assert not plan_pool(gpu_bf16.encoder, {"CPU": 4, "GPU": 1}).half
+    assert plan_pool(EncoderConfig(gpus_per_actor=1), {"CPU": 4, "GPU": 1}).half  # auto: float16 weights
     with pytest.raises(ConfigError, match="precision"):
         encoder_identity(max_seq_length=128, precision="int8")
+
+
+def test_float32_vectors_do_not_depend_on_their_batch(work, model):
+    """Why float32 stays the CPU default: a text's float32 vector is the same whichever texts share
+    its batch, so training, serving and a replay score alike; bfloat16's moves with the batch
+    (within cosine 0.9999 of float32, which is why it is offered, opt-in)."""
+    texts = sorted(set(_table(work["dir"] / "transitions").column("state_text").to_pylist()))[:64]
+    perm = np.random.default_rng(0).permutation(len(texts))
+    for precision, atol in (("float32", 1e-5), ("bfloat16", None)):
+        enc = model[0] if precision == "float32" else load_encoder(max_seq_length=128, precision=precision)[0]
+        one = enc.encode(texts, batch_size=16, convert_to_numpy=True)
+        other = np.empty_like(one)
+        other[perm] = enc.encode([texts[i] for i in perm], batch_size=16, convert_to_numpy=True)
+        alone = np.stack([enc.encode([t], convert_to_numpy=True)[0] for t in texts[:8]])
+        if atol is not None:
+            np.testing.assert_allclose(other, one, atol=atol, rtol=0)
+            np.testing.assert_allclose(alone, one[:8], atol=atol, rtol=0)
+        assert (one * other).sum(1).min() > 0.9999 and (alone * one[:8]).sum(1).min() > 0.9999
+
+
+def test_bfloat16_hint_only_where_the_cpu_has_it():
+    from harnessrl import encoders
+    from harnessrl.pipelines.encode import bf16_hint
+
+    assert encoders.native_bf16("processor\t: 0\nflags\t\t: fpu sse2 avx512f avx512_bf16 avx512_vnni\n")
+    assert encoders.native_bf16("flags : fpu avx512f amx_bf16 amx_tile\n")
+    assert not encoders.native_bf16("flags\t\t: fpu sse2 avx2 avx512f avx512_vnni\n")
+    assert not encoders.native_bf16("Features\t: fp asimd bf16\n")  # not x86: emulated by torch's CPU autocast
+    assert "encoder.precision: bfloat16" in bf16_hint("cpu", "float32", native=True)
+    assert bf16_hint("cpu", "float32", native=False) is None
+    assert bf16_hint("cpu", "bfloat16", native=True) is None and bf16_hint("cuda", "float32", native=True) is None
 
 
 # ---- batching and pool planning -----------------------------------------------------------------

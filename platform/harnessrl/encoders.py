@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
 from harnessrl.errors import ConfigError, ModelError
 from harnessrl.settings import apply_offline_env
+
+log = logging.getLogger(__name__)
 
 BUILTIN_MINILM = "builtin:all-MiniLM-L6-v2"
 # CPU compute precisions of an encoder (part of its identity): float32, bfloat16 (autocast of the
@@ -147,20 +150,38 @@ def encoder_identity(name: str = BUILTIN_MINILM, max_seq_length: int | None = No
     return replace(found, precision=precision)
 
 
+def native_bf16(cpuinfo: str) -> bool:
+    """Whether a CPU (its /proc/cpuinfo text) computes bfloat16 natively: x86 AVX512-BF16 or AMX."""
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return bool({"avx512_bf16", "amx_bf16"} & set(line.split(":", 1)[-1].split()))
+    return False
+
+
+@lru_cache(maxsize=1)
+def cpu_has_native_bf16() -> bool:
+    """This machine's CPU computes bfloat16 natively: there the bfloat16 encoder is 1.5-1.8x faster
+    than float32 (bench/README.md, encode.py); elsewhere autocast emulates it, slower than float32."""
+    try:
+        return native_bf16(Path("/proc/cpuinfo").read_text())
+    except OSError:  # not Linux: no way to tell cheaply, so the portable choice
+        return False
+
+
 def _check_precision(precision: str) -> None:
     if precision not in PRECISIONS:
         raise ConfigError(f"encoder precision {precision!r}: use one of {', '.join(PRECISIONS)}")
 
 
 def _bf16_autocast(module) -> None:
-    """Run `module` (the transformer) under bfloat16 autocast; its token embeddings come back as
-    float32, so pooling and normalisation stay in float32."""
+    """Run `module` (the transformer) under bfloat16 autocast on whichever device its inputs are;
+    its token embeddings come back as float32, so pooling and normalisation stay in float32."""
     import torch
 
     inner = module.forward
 
     def forward(features, **kwargs):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(features["input_ids"].device.type, dtype=torch.bfloat16):
             out = inner(features, **kwargs)
         for key, value in out.items():
             if torch.is_tensor(value) and value.dtype == torch.bfloat16:
@@ -171,13 +192,17 @@ def _bf16_autocast(module) -> None:
 
 
 def set_precision(model, precision: str, device: str | None = None):
-    """Apply a CPU compute precision to a loaded float32 model (in place); returns it."""
+    """Apply a compute precision of the identity to a loaded float32 model (in place); returns it.
+    bfloat16 is a CPU encoder's choice (encoder.precision: auto); a GPU computes it as well, so a
+    critic trained on such vectors serves on either."""
     _check_precision(precision)
     if precision == "float32":
         return model
-    if device not in (None, "cpu"):
-        raise ConfigError(f"encoder precision {precision} is for CPU encoders (device {device!r}); "
-                          "GPU actors use float16 (encoder.precision: auto)")
+    on_cpu = str(device or getattr(model, "device", "cpu")).startswith("cpu")
+    if on_cpu and not cpu_has_native_bf16():
+        log.warning("encoder precision bfloat16 on a CPU without native bfloat16 (AVX512-BF16/AMX): it runs "
+                    "emulated and slower than float32; embeddings made at float32 (encoder.precision: "
+                    "float32) avoid this")
     _bf16_autocast(model[0])
     return model
 
@@ -188,7 +213,7 @@ def load_encoder(name: str = BUILTIN_MINILM, device: str | None = None, max_seq_
 
     `max_seq_length` caps tokens per text (None: the model's own limit); it is part of the
     identity because the same text gives another embedding under another cap. So is
-    `precision` (CPU only: float32 or bfloat16 autocast): vectors of another precision differ
+    `precision` (float32 or bfloat16 autocast): vectors of another precision differ
     slightly, and caches and consumers must not mix them.
     """
     _check_precision(precision)
