@@ -20,7 +20,7 @@ from harnessrl.settings import apply_offline_env
 log = logging.getLogger(__name__)
 
 BUILTIN_MINILM = "builtin:all-MiniLM-L6-v2"
-# CPU compute precisions of an encoder (part of its identity): float32, bfloat16 (autocast of the
+# compute precisions of an encoder (part of its identity): float32, bfloat16 (autocast of the
 # transformer; pooling and normalisation in float32). int8 dynamic quantization of the Linear layers
 # was measured and left out: 1.9x faster but cosine to float32 only 0.89 (min) / 0.94 (mean).
 PRECISIONS = ("float32", "bfloat16")
@@ -160,7 +160,7 @@ def native_bf16(cpuinfo: str) -> bool:
 
 @lru_cache(maxsize=1)
 def cpu_has_native_bf16() -> bool:
-    """This machine's CPU computes bfloat16 natively: there the bfloat16 encoder is 1.5-1.8x faster
+    """This machine's CPU computes bfloat16 natively: there the bfloat16 encoder is 1.8-2.4x faster
     than float32 (bench/README.md, encode.py); elsewhere autocast emulates it, slower than float32."""
     try:
         return native_bf16(Path("/proc/cpuinfo").read_text())
@@ -193,8 +193,8 @@ def _bf16_autocast(module) -> None:
 
 def set_precision(model, precision: str, device: str | None = None):
     """Apply a compute precision of the identity to a loaded float32 model (in place); returns it.
-    bfloat16 is a CPU encoder's choice (encoder.precision: auto); a GPU computes it as well, so a
-    critic trained on such vectors serves on either."""
+    bfloat16 (opt-in: encoder.precision: bfloat16) is for CPUs that have it natively; a GPU computes
+    it as well, so a critic trained on such vectors serves on either."""
     _check_precision(precision)
     if precision == "float32":
         return model
