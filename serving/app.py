@@ -379,8 +379,7 @@ def encoder_plan(model_uri: str, cfg: ServeConfig):
         raise ModelError(f"{model_uri}: cannot read the model's encoder identity ({exc})") from None
     enc = cfg.encoder
     name, max_seq = enc.model or trained.model_name, enc.max_seq_length or trained.max_seq_length
-    precision = getattr(trained, "precision", "float32")  # a CPU compute precision, when identities have one
-    configured = encoder_identity(name, max_seq, **({} if precision == "float32" else {"precision": precision}))
+    configured = encoder_identity(name, max_seq, trained.precision)
     trained.check_same(configured, f"serve.encoder (model={enc.model!r}, max_seq_length={enc.max_seq_length!r}) "
                                    f"against the model {model_uri}")
     return name, max_seq, configured

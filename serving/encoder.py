@@ -41,17 +41,15 @@ class EncoderService:
         torch.set_num_threads(max(1, math.floor(cfg.num_cpus)))
         self.device = "cuda" if cfg.num_gpus > 0 and torch.cuda.is_available() else "cpu"
         expected = EncoderIdentity.from_json(identity)
-        # a CPU compute precision of the identity (when encoders have one), as the model was trained
-        precision = getattr(expected, "precision", "float32")
-        self.model, loaded = load_encoder(name, self.device, max_seq_length,
-                                          **({} if precision == "float32" else {"precision": precision}))
+        # the precision of the identity, as the model was trained
+        self.model, loaded = load_encoder(name, self.device, max_seq_length, expected.precision)
         expected.check_same(loaded, "the encoder deployment (serve.encoder)")
         # float16 weights on a GPU, unless the model's vectors were made in bfloat16 (autocast then)
-        self.fp16 = self.device == "cuda" and cfg.precision != "float32" and precision == "float32"
-        if self.fp16:
+        half = self.device == "cuda" and cfg.precision != "float32" and loaded.precision == "float32"
+        if half:
             self.model.half()
         self.identity = loaded
-        self.precision = "float16" if self.fp16 else loaded.precision
+        self.precision = "float16" if half else loaded.precision
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = self.misses = self.batches = self.calls = 0

@@ -332,19 +332,26 @@ def test_float32_vectors_do_not_depend_on_their_batch(work, model):
     (within cosine 0.9999 of float32, which is why it is offered, opt-in)."""
     texts = sorted(set(_table(work["dir"] / "transitions").column("state_text").to_pylist()))[:64]
     perm = np.random.default_rng(0).permutation(len(texts))
-    for precision, atol in (("float32", 1e-5), ("bfloat16", None)):
-        enc = model[0] if precision == "float32" else load_encoder(max_seq_length=128, precision=precision)[0]
+
+    def three_ways(enc):
+        """The texts' vectors in batches of 16, in other batches of 16, and the first 8 alone."""
         one = enc.encode(texts, batch_size=16, convert_to_numpy=True)
         other = np.empty_like(one)
         other[perm] = enc.encode([texts[i] for i in perm], batch_size=16, convert_to_numpy=True)
         alone = np.stack([enc.encode([t], convert_to_numpy=True)[0] for t in texts[:8]])
-        if atol is not None:
-            np.testing.assert_allclose(other, one, atol=atol, rtol=0)
-            np.testing.assert_allclose(alone, one[:8], atol=atol, rtol=0)
-        assert (one * other).sum(1).min() > 0.9999 and (alone * one[:8]).sum(1).min() > 0.9999
+        return one, other, alone
+
+    one, other, alone = three_ways(model[0])
+    np.testing.assert_allclose(other, one, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(alone, one[:8], atol=1e-5, rtol=0)
+    one, other, alone = three_ways(load_encoder(max_seq_length=128, precision="bfloat16")[0])
+    assert (one * other).sum(1).min() > 0.9999 and (alone * one[:8]).sum(1).min() > 0.9999
 
 
-def test_bfloat16_hint_only_where_the_cpu_has_it():
+def test_bfloat16_hint_only_where_the_cpu_has_it(monkeypatch, caplog, model):
+    """The stage's hint where bfloat16 would be fast, and a warning where it would be emulated."""
+    import copy
+
     from harnessrl import encoders
     from harnessrl.pipelines.encode import bf16_hint
 
@@ -355,6 +362,12 @@ def test_bfloat16_hint_only_where_the_cpu_has_it():
     assert "encoder.precision: bfloat16" in bf16_hint("cpu", "float32", native=True)
     assert bf16_hint("cpu", "float32", native=False) is None
     assert bf16_hint("cpu", "bfloat16", native=True) is None and bf16_hint("cuda", "float32", native=True) is None
+    for native in (True, False):
+        monkeypatch.setattr(encoders, "cpu_has_native_bf16", lambda native=native: native)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="harnessrl.encoders"):
+            encoders.set_precision(copy.deepcopy(model[0]), "bfloat16", "cpu")
+        assert ("emulated" in caplog.text) is not native
 
 
 # ---- batching and pool planning -----------------------------------------------------------------
