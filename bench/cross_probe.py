@@ -5,7 +5,9 @@ what the cross-encoder critic head (train.head: cross) can see, without RL or a 
 Offline and supervised: every logged step of a TextWorldExpress corpus carries the expert's
 action (`info.expert_action`) among its candidates. Both scorers learn to rank it first among
 the step's candidates (softmax cross-entropy over the candidates). Accuracy is top-1 on task
-groups held out from training, per family, beside random choice.
+groups held out from training, per family, beside random choice; and on the close calls alone,
+the steps where another candidate starts with the expert's verb (which quantity to take, which
+container to put it in), where reading the state matters most.
 
   frozen+mlp  the frozen MiniLM (128 tokens) + an MLP on [s, a, s*a, |s-a|]: what the IQL
               critic's scoring head sees
@@ -14,9 +16,20 @@ groups held out from training, per family, beside random choice.
 
     python bench/cross_probe.py --transitions /tmp/twx5/work/pipeline/transitions      # ~25 min on 2 cores
     python bench/cross_probe.py --transitions DIR --layers 3 --max-len 128 --cross-steps 1000 --json out.json
+    python bench/cross_probe.py --transitions DIR --families sorting --precision bfloat16 --max-len 256 \
+        --passes 5 --max-seconds 1950 --test-steps 400                 # one family, bounded, on 2 cores
+    python bench/cross_probe.py --logs LOGS.jsonl.gz --pack .dev/probe   # steps + a float16 encoder, to carry
+    python bench/cross_probe.py --transitions .dev/probe/steps.parquet --encoder .dev/probe/encoder \
+        --device cuda --precision bfloat16 --max-len 384 --cross-batch 32 --passes 3 --max-seconds 300 ...
 
-Any pipeline's transitions of `builtin:twx-train` will do (`harnessrl run`, then
-OUTPUT_DIR/transitions).
+Any pipeline's transitions of TextWorldExpress logs will do (`harnessrl run`, then
+OUTPUT_DIR/transitions), or a file written by `--pack`: the probe's four columns and the encoder's
+weights in float16 (46 MiB with the 1,500-episode corpus), small enough to carry to a GPU machine
+that has torch and sentence-transformers but not this package's other dependencies. `--pack`
+takes a transitions folder, or `--logs`: a native log file it ingests and renders here as the
+issue-5 benchmark does, without encoding it. Cross-encoder training stops at
+`--cross-steps` (or `--passes`) or `--max-seconds`, whichever comes first; the output says how many
+passes it made.
 """
 
 from __future__ import annotations
@@ -25,26 +38,72 @@ import argparse
 import collections
 import json
 import random
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-from twx_bc import bc_net  # bench/ is on the path: this script's own folder
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package: its scripts import each other
+
+from twx_bc import bc_net  # noqa: E402
 
 
-def load_steps(transitions: str) -> list[dict]:
-    """Steps whose candidates include the expert's action (and at least one other)."""
+STEP_COLUMNS = ["task_id", "info", "candidates", "state_text"]
+
+
+def load_steps(transitions: str, families: set[str] | None = None) -> list[dict]:
+    """Steps whose candidates include the expert's action (and at least one other), of `families`
+    (all when None), from a transitions folder or a packed file."""
     import pyarrow.dataset as pads
 
-    table = pads.dataset(transitions, format="parquet").to_table(columns=["task_id", "info", "candidates", "state_text"])
+    table = pads.dataset(transitions, format="parquet").to_table(columns=STEP_COLUMNS)
     steps = []
     for r in table.to_pylist():
         gold = json.loads(r["info"] or "{}").get("expert_action")
         cands = r["candidates"] or []
-        if gold in cands and len(cands) > 1:
-            steps.append({"family": r["task_id"].split("/")[0], "group": r["task_id"], "state": r["state_text"],
+        family = r["task_id"].split("/")[0]
+        if gold in cands and len(cands) > 1 and (families is None or family in families):
+            steps.append({"family": family, "group": r["task_id"], "state": r["state_text"],
                           "candidates": cands, "gold": cands.index(gold)})
     return steps
+
+
+def transitions_from_logs(logs: str, out: Path, overrides: list[str]) -> str:
+    """Ingest and transitions (no encode) of a native log file, rendered as the issue-5 benchmark
+    renders (bench/twx_ablation.py's BASE over the quickstart pipeline, then `overrides`)."""
+    from twx_ablation import BASE
+
+    from harnessrl.config import load_pipeline
+    from harnessrl.pipelines.ingest import ingest
+    from harnessrl.pipelines.transitions import build_transitions
+    from harnessrl.ray_runtime import init_ray
+    from harnessrl.rewards import load_recipe
+
+    cfg = load_pipeline(Path(__file__).resolve().parents[1] / "pipelines" / "quickstart.yaml", [*BASE, *overrides])
+    init_ray()
+    ingest([logs], str(out / "ingest"), cfg.data.format)
+    build_transitions(str(out / "ingest"), str(out / "transitions"), load_recipe(cfg.rewards), cfg.render)
+    return str(out / "transitions")
+
+
+def pack(transitions: str, out: Path, encoder: str) -> dict:
+    """What a GPU machine needs for the probe, small enough to carry: `steps.parquet` (the probe's
+    columns, zstd) and `encoder/` (the sentence-transformers model with float16 weights; the probe
+    computes in float32 or bfloat16 whatever the file holds)."""
+    import pyarrow.dataset as pads
+    import pyarrow.parquet as pq
+
+    from harnessrl.encoders import load_encoder
+
+    out.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pads.dataset(transitions, format="parquet").to_table(columns=STEP_COLUMNS), out / "steps.parquet",
+                   compression="zstd")
+    model, _ = load_encoder(encoder)
+    model.half().save(str(out / "encoder"))
+    files = [p for p in out.rglob("*") if p.is_file()]
+    return {"files": len(files), "mib": round(sum(p.stat().st_size for p in files) / 2**20, 1)}
 
 
 def split(steps: list[dict], holdout: float, test_steps: int, seed: int) -> tuple[list[dict], list[dict]]:
@@ -58,29 +117,56 @@ def split(steps: list[dict], holdout: float, test_steps: int, seed: int) -> tupl
     return train, rng.sample(test, min(test_steps, len(test)))
 
 
+def close_call(step: dict) -> bool:
+    """Another candidate starts with the expert's verb: the choice is which object or place
+    (which quantity, which container), not what to do: where reading the state matters most."""
+    def verb(action: str) -> str:
+        return action.split(" ", 1)[0].lower()
+
+    gold = verb(step["candidates"][step["gold"]])
+    return sum(verb(c) == gold for c in step["candidates"]) > 1
+
+
 def accuracy(test: list[dict], correct: list[float]) -> dict:
-    by: dict[str, list[float]] = collections.defaultdict(list)
+    """Top-1 overall and per family, and on the close calls alone (`close`)."""
+    by: dict[str, list[tuple[float, bool]]] = collections.defaultdict(list)
     for step, ok in zip(test, correct):
-        by[step["family"]].append(ok)
-    return {"all": round(float(np.mean(correct)), 3),
-            "families": {f: {"accuracy": round(float(np.mean(v)), 3), "steps": len(v)} for f, v in sorted(by.items())}}
+        by[step["family"]].append((ok, close_call(step)))
+        by["all"].append((ok, close_call(step)))
+
+    def summary(rows: list[tuple[float, bool]]) -> dict:
+        close = [ok for ok, c in rows if c]
+        return {"accuracy": round(float(np.mean([ok for ok, _ in rows])), 3), "steps": len(rows),
+                "close": round(float(np.mean(close)), 3) if close else None, "close_steps": len(close)}
+
+    overall = summary(by.pop("all", []))
+    return {"all": overall["accuracy"], "close": overall["close"],
+            "families": {f: summary(v) for f, v in sorted(by.items())}}
 
 
 def _listwise_loss(scores, gold: int):
     import torch
 
-    return torch.nn.functional.cross_entropy(scores[None], torch.tensor([gold]))
+    return torch.nn.functional.cross_entropy(scores[None], torch.tensor([gold], device=scores.device))
 
 
-def frozen_mlp(train: list[dict], test: list[dict], steps: int, batch: int, seed: int) -> list[float]:
+def _autocast(device: str, precision: str):
+    import torch
+
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bfloat16")
+
+
+def frozen_mlp(train: list[dict], test: list[dict], steps: int, batch: int, seed: int, encoder: str,
+               device: str = "cpu", precision: str = "float32") -> list[float]:
     import torch
 
     from harnessrl.algorithms.iql import pair_features
-    from harnessrl.encoders import load_encoder
+    from harnessrl.encoders import load_encoder, set_precision
 
     torch.manual_seed(seed)
     rng = random.Random(seed)
-    model, identity = load_encoder(max_seq_length=128)
+    model, identity = load_encoder(encoder, device, max_seq_length=128)
+    set_precision(model.float(), precision, device)  # a packed encoder holds float16 weights
     texts = list(dict.fromkeys([s["state"] for s in train + test] + [c for s in train + test for c in s["candidates"]]))
     emb = dict(zip(texts, model.encode(texts, batch_size=64, convert_to_numpy=True)))
     net = bc_net(identity.dim, 256)
@@ -102,25 +188,31 @@ def frozen_mlp(train: list[dict], test: list[dict], steps: int, batch: int, seed
 
 
 def cross_encoder(train: list[dict], test: list[dict], steps: int, batch: int, candidates: int, layers: int,
-                  max_len: int, seed: int) -> list[float]:
+                  max_len: int, seed: int, encoder: str, device: str = "cpu", precision: str = "float32",
+                  max_seconds: float | None = None, log_every: int = 50) -> tuple[list[float], dict]:
+    """Top-1 per test step, and how far training got (steps, passes over the training states, seconds,
+    the last logged loss)."""
     import torch
     import torch.nn as nn
 
     from harnessrl.algorithms.cross import mean_pool, trunk_from_encoder
-    from harnessrl.encoders import BUILTIN_MINILM
 
     torch.manual_seed(seed)
     rng = random.Random(seed)
-    trunk, tok = trunk_from_encoder(BUILTIN_MINILM, layers, max_len)  # the cross critic head's trunk
-    head = nn.Linear(trunk.config.hidden_size, 1)
+    trunk, tok = trunk_from_encoder(encoder, layers, max_len)  # the cross critic head's trunk
+    trunk = trunk.float().to(device)
+    head = nn.Linear(trunk.config.hidden_size, 1).to(device)
     opt = torch.optim.AdamW([{"params": trunk.parameters(), "lr": 3e-5}, {"params": head.parameters(), "lr": 1e-3}])
 
     def scores(states, actions):
-        x = tok(states, actions, truncation="only_first", max_length=max_len, padding=True, return_tensors="pt")
-        return head(mean_pool(trunk(**x).last_hidden_state, x["attention_mask"])).squeeze(-1)
+        x = tok(states, actions, truncation="only_first", max_length=max_len, padding=True, return_tensors="pt").to(device)
+        with _autocast(device, precision):
+            hidden = trunk(**x).last_hidden_state
+        return head(mean_pool(hidden.float(), x["attention_mask"])).squeeze(-1)
 
     trunk.train()
-    for _ in range(steps):
+    start, done, window = time.time(), 0, collections.deque(maxlen=log_every)
+    for done in range(1, steps + 1):
         states, actions, golds = [], [], []
         for s in rng.sample(train, min(batch, len(train))):
             gold = s["candidates"][s["gold"]]
@@ -137,25 +229,55 @@ def cross_encoder(train: list[dict], test: list[dict], steps: int, batch: int, c
         opt.zero_grad()
         (loss / len(golds)).backward()
         opt.step()
+        window.append(float(loss.detach()) / len(golds))
+        elapsed = time.time() - start
+        if done % log_every == 0:
+            print(f"  cross step {done}/{steps}: loss {np.mean(window):.3f}, {done * batch / len(train):.2f} passes, "
+                  f"{elapsed:.0f} s", flush=True)
+        if max_seconds is not None and elapsed > max_seconds:
+            print(f"  cross: stopped at step {done} by --max-seconds {max_seconds:g}", flush=True)
+            break
+    progress = {"steps": done, "passes": round(done * batch / max(len(train), 1), 2),
+                "train_seconds": round(time.time() - start, 1), "last_loss": round(float(np.mean(window)), 4)}
     trunk.eval()
     with torch.no_grad():
         return [float(scores([s["state"]] * len(s["candidates"]), s["candidates"]).argmax().item() == s["gold"])
-                for s in test]
+                for s in test], progress
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
 
 
 def main(argv: list[str] | None = None) -> dict:
+    from harnessrl.encoders import BUILTIN_MINILM
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--transitions", required=True, help="a pipeline's transitions folder (TextWorldExpress logs)")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--transitions", help="a pipeline's transitions folder (TextWorldExpress logs), or a --pack steps.parquet")
+    src.add_argument("--logs", help="with --pack: a native log file, rendered here as the issue-5 benchmark renders")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="with --logs: a pipeline override after the issue-5 rendering")
+    ap.add_argument("--pack", metavar="DIR", help="write DIR/steps.parquet and DIR/encoder (float16) and stop")
+    ap.add_argument("--encoder", default=BUILTIN_MINILM, help="the sentence-transformers model: builtin or a folder")
+    ap.add_argument("--families", help="comma-separated families to keep (default: all)")
     ap.add_argument("--holdout", type=float, default=0.25, help="share of task groups held out")
     ap.add_argument("--test-steps", type=int, default=300)
     ap.add_argument("--mlp-steps", type=int, default=1500)
     ap.add_argument("--mlp-batch", type=int, default=32)
     ap.add_argument("--cross-steps", type=int, default=400)
+    ap.add_argument("--passes", type=float, help="cross training length in passes over the training states "
+                                                 "(replaces --cross-steps)")
+    ap.add_argument("--max-seconds", type=float, help="stop cross training after this long (default: no limit)")
     ap.add_argument("--cross-batch", type=int, default=4, help="states per step")
     ap.add_argument("--candidates", type=int, default=6, help="candidates per state in a training step")
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--max-len", type=int, default=192)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (both scorers)")
+    ap.add_argument("--precision", choices=("float32", "bfloat16"), default="float32",
+                    help="compute precision of the transformer (autocast) in both scorers")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -163,23 +285,42 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     torch.set_num_threads(args.threads)
-    train, test = split(load_steps(args.transitions), args.holdout, args.test_steps, args.seed)
-    print(f"{len(train)} training steps, {len(test)} held-out steps scored", flush=True)
+    if args.logs and not args.pack:
+        ap.error("--logs is for --pack (the probe itself reads a transitions folder or a packed file)")
+    if args.pack:
+        with tempfile.TemporaryDirectory() as tmp:
+            transitions = transitions_from_logs(args.logs, Path(tmp), args.set) if args.logs else args.transitions
+            packed = pack(transitions, Path(args.pack), args.encoder)
+        print(f"packed {args.pack}: {packed['files']} files, {packed['mib']} MiB", flush=True)
+        return packed
+    families = set(args.families.split(",")) if args.families else None
+    train, test = split(load_steps(args.transitions, families), args.holdout, args.test_steps, args.seed)
+    steps = max(1, round(args.passes * len(train) / args.cross_batch)) if args.passes else args.cross_steps
+    print(f"{len(train)} training steps, {len(test)} held-out steps scored; cross: {steps} steps of "
+          f"{args.cross_batch} states on {args.device} at {args.precision}", flush=True)
     out = {"config": vars(args), "train_steps": len(train), "test_steps": len(test),
            "random": accuracy(test, [1.0 / len(s["candidates"]) for s in test])}
-    for name, run in (("frozen+mlp", lambda: frozen_mlp(train, test, args.mlp_steps, args.mlp_batch, args.seed)),
-                      ("cross", lambda: cross_encoder(train, test, args.cross_steps, args.cross_batch, args.candidates,
-                                                      args.layers, args.max_len, args.seed))):
-        start = time.time()
-        out[name] = {**accuracy(test, run()), "seconds": round(time.time() - start, 1)}
-        print(f"{name}: {json.dumps(out[name])}", flush=True)
+    common = {"encoder": args.encoder, "device": args.device, "precision": args.precision}
+
+    start = time.time()
+    out["frozen+mlp"] = {**accuracy(test, frozen_mlp(train, test, args.mlp_steps, args.mlp_batch, args.seed, **common)),
+                         "seconds": round(time.time() - start, 1)}
+    print(f"frozen+mlp: {json.dumps(out['frozen+mlp'])}", flush=True)
+    start = time.time()
+    correct, progress = cross_encoder(train, test, steps, args.cross_batch, args.candidates, args.layers, args.max_len,
+                                      args.seed, max_seconds=args.max_seconds, log_every=args.log_every, **common)
+    out["cross"] = {**accuracy(test, correct), **progress, "seconds": round(time.time() - start, 1)}
+    print(f"cross: {json.dumps(out['cross'])}", flush=True)
     print()
-    families = sorted(out["random"]["families"])
-    print(f"{'scorer':12s} {'all':>6s} " + " ".join(f"{f[:12]:>12s}" for f in families))
-    for name in ("random", "frozen+mlp", "cross"):
-        fam = out[name]["families"]
-        print(f"{name:12s} {out[name]['all']:6.3f} " + " ".join(f"{fam[f]['accuracy']:12.2f}" for f in families))
-    print(f"{'(steps)':12s} {len(test):6d} " + " ".join(f"{out['random']['families'][f]['steps']:12d}" for f in families))
+    families_seen = sorted(out["random"]["families"])
+    for title, key, count, total in (("top-1, all held-out steps", "accuracy", "steps", "all"),
+                                     ("top-1, close calls", "close", "close_steps", "close")):
+        print(f"{title:28s} {'all':>6s} " + " ".join(f"{f[:12]:>12s}" for f in families_seen))
+        for name in ("random", "frozen+mlp", "cross"):
+            fam = out[name]["families"]
+            print(f"{name:28s} {_fmt(out[name][total]):>6s} " + " ".join(f"{_fmt(fam[f][key]):>12s}" for f in families_seen))
+        n = [out["random"]["families"][f][count] for f in families_seen]
+        print(f"{'(steps)':28s} {sum(n):6d} " + " ".join(f"{k:12d}" for k in n))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
     return out
