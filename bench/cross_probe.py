@@ -129,19 +129,17 @@ def close_call(step: dict) -> bool:
 
 def accuracy(test: list[dict], correct: list[float]) -> dict:
     """Top-1 overall and per family, and on the close calls alone (`close`)."""
-    by: dict[str, list[tuple[float, bool]]] = collections.defaultdict(list)
-    for step, ok in zip(test, correct):
-        by[step["family"]].append((ok, close_call(step)))
-        by["all"].append((ok, close_call(step)))
+    rows = [(step["family"], ok, close_call(step)) for step, ok in zip(test, correct)]
 
-    def summary(rows: list[tuple[float, bool]]) -> dict:
-        close = [ok for ok, c in rows if c]
-        return {"accuracy": round(float(np.mean([ok for ok, _ in rows])), 3), "steps": len(rows),
-                "close": round(float(np.mean(close)), 3) if close else None, "close_steps": len(close)}
+    def summary(family: str | None) -> dict:
+        oks = [(ok, close) for f, ok, close in rows if family is None or f == family]
+        on_close = [ok for ok, close in oks if close]
+        return {"accuracy": round(float(np.mean([ok for ok, _ in oks])), 3), "steps": len(oks),
+                "close": round(float(np.mean(on_close)), 3) if on_close else None, "close_steps": len(on_close)}
 
-    overall = summary(by.pop("all", []))
+    overall = summary(None)
     return {"all": overall["accuracy"], "close": overall["close"],
-            "families": {f: summary(v) for f, v in sorted(by.items())}}
+            "families": {f: summary(f) for f in sorted({f for f, _, _ in rows})}}
 
 
 def _listwise_loss(scores, gold: int):
