@@ -119,7 +119,8 @@ def split(steps: list[dict], holdout: float, test_steps: int, seed: int) -> tupl
 
 def close_call(step: dict) -> bool:
     """Another candidate starts with the expert's verb: the choice is which object or place
-    (which quantity, which container), not what to do: where reading the state matters most."""
+    (which quantity, which container), not what to do: where reading the state matters most.
+    (The verb as harnessrl.features.tool_name's `first_word`, which imports pydantic: not on a GPU machine.)"""
     def verb(action: str) -> str:
         return action.split(" ", 1)[0].lower()
 
@@ -148,23 +149,17 @@ def _listwise_loss(scores, gold: int):
     return torch.nn.functional.cross_entropy(scores[None], torch.tensor([gold], device=scores.device))
 
 
-def _autocast(device: str, precision: str):
-    import torch
-
-    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bfloat16")
-
-
 def frozen_mlp(train: list[dict], test: list[dict], steps: int, batch: int, seed: int, encoder: str,
                device: str = "cpu", precision: str = "float32") -> list[float]:
     import torch
 
     from harnessrl.algorithms.iql import pair_features
-    from harnessrl.encoders import load_encoder, set_precision
+    from harnessrl.encoders import load_encoder
 
     torch.manual_seed(seed)
     rng = random.Random(seed)
-    model, identity = load_encoder(encoder, device, max_seq_length=128)
-    set_precision(model.float(), precision, device)  # a packed encoder holds float16 weights
+    model, identity = load_encoder(encoder, device, 128, precision)
+    model.float()  # a packed encoder holds float16 weights
     texts = list(dict.fromkeys([s["state"] for s in train + test] + [c for s in train + test for c in s["candidates"]]))
     emb = dict(zip(texts, model.encode(texts, batch_size=64, convert_to_numpy=True)))
     net = bc_net(identity.dim, 256)
@@ -194,6 +189,7 @@ def cross_encoder(train: list[dict], test: list[dict], steps: int, batch: int, c
     import torch.nn as nn
 
     from harnessrl.algorithms.cross import mean_pool, trunk_from_encoder
+    from harnessrl.algorithms.iql import autocast
 
     torch.manual_seed(seed)
     rng = random.Random(seed)
@@ -204,7 +200,7 @@ def cross_encoder(train: list[dict], test: list[dict], steps: int, batch: int, c
 
     def scores(states, actions):
         x = tok(states, actions, truncation="only_first", max_length=max_len, padding=True, return_tensors="pt").to(device)
-        with _autocast(device, precision):
+        with autocast(precision == "bfloat16", x["input_ids"].device):
             hidden = trunk(**x).last_hidden_state
         return head(mean_pool(hidden.float(), x["attention_mask"])).squeeze(-1)
 
