@@ -17,6 +17,12 @@ Every scorer plays the same held-out seeds; at each step it gets the task, the h
                action again from the same observation while another is left (the critic through
                the service's request field, BC with the same function, harnessrl.features.repeats_here)
 
+Protocols (`--protocol`, default both): `all-actions` (the scorers above choose among every valid
+action, tiers `id` and `ood`) and `rerank` (bench/twx_rerank.py, issue 22: a behaviour agent
+proposes K actions from its own distribution, with their log-probabilities, and agent /
+agent+self / agent+critic / agent+critic+again / agent+critic+prior / agent+bc / agent+oracle
+pick one; both tiers' seeds, all 8 families by default).
+
 Tiers: `id` = train-fold seeds never used in the logs (the bundled train and test files, and
 `--logs`), `ood` = test-fold seeds (not in the test logs either). Seeds are drawn deterministically per (tier, family)
 among those the expert solves from the start.
@@ -27,6 +33,7 @@ among those the expert solves from the start.
     python bench/twx.py --model twx-critic@champion --encoded $HARNESSRL_HOME/runs/quickstart/encoded ...
     python -m harnessrl.examples.twx --out /tmp/logs --train-episodes 1500 --test-episodes 0
     python bench/twx.py --logs /tmp/logs/twx_train.jsonl.gz ...     # the critic and BC learn from more logs
+    python bench/twx.py --protocol rerank --agents careful,mistaken,flailing --k 2,4,8 --seeds-per-family 8 ...
 
 Ray binds 127.0.0.1; the service binds 127.0.0.1 on a free port; every loop is bounded.
 """
@@ -36,6 +43,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import os
 import random
 import socket
@@ -51,6 +59,8 @@ from harnessrl.metrics import wilson_interval
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
+import twx_rerank as rerank  # noqa: E402  (bench/ is no package)
+
 ALL_SCORERS = ("critic", "mix", "careful", "mistaken", "flailing", "random", "bc", "bc-success", "bc-careful",
                "expert")
 REDUCED_SCORERS = ("critic", "mix", "random", "bc", "expert")
@@ -58,6 +68,7 @@ NO_REPEAT = "+norepeat"  # suffix of a learned scorer played under the avoid_rep
 DEFAULT_FAMILIES = ("coin", "sorting", "arithmetic", "mapreader", "twc", "peckingorder")
 REDUCED_FAMILIES = ("arithmetic", "sorting")
 TIERS = {"id": "train", "ood": "test"}
+PROTOCOLS = ("all-actions", "rerank")
 
 
 def base_scorer(name: str) -> str:
@@ -116,24 +127,32 @@ def used_seeds(records: list[dict]) -> set[tuple[str, str, int]]:
     return {(r["metadata"]["family"], r["metadata"]["fold"], int(r["metadata"]["seed"])) for r in records}
 
 
-def pick_seeds(engine, families: list[str], tiers: list[str], n: int, used: set, max_tries: int = 200) -> dict:
-    """(tier, family) -> n seeds of the tier's fold not in `used`, that the expert solves from the start."""
+def solvable_seeds(engine, family: str, fold: str, n: int, used: set, key: str, max_tries: int = 200) -> list[int]:
+    """n seeds of `fold` not in `used` that the expert solves from the start, in the order of a
+    shuffle seeded by `key` (so a smaller n gives a prefix of a larger one)."""
     from harnessrl.examples.twx import _gold_key
 
-    out: dict[tuple[str, str], list[int]] = {}
-    for tier in tiers:
-        fold = TIERS[tier]
-        for family in families:
-            pool = [s for s in engine.seeds[fold] if (family, fold, s) not in used]
-            random.Random(f"twx-bench:{tier}:{family}").shuffle(pool)
-            chosen: list[int] = []
-            for seed in pool[:max_tries]:
-                if len(chosen) >= n:
-                    break
-                if engine.plan(family, fold, seed, [], _gold_key(seed, 0)):
-                    chosen.append(seed)
-            out[(tier, family)] = chosen
-    return out
+    pool = [s for s in engine.seeds[fold] if (family, fold, s) not in used]
+    random.Random(key).shuffle(pool)
+    chosen: list[int] = []
+    for seed in pool[:max_tries]:
+        if len(chosen) >= n:
+            break
+        if engine.plan(family, fold, seed, [], _gold_key(seed, 0)):
+            chosen.append(seed)
+    return chosen
+
+
+def pick_seeds(engine, families: list[str], tiers: list[str], n: int, used: set, max_tries: int = 200) -> dict:
+    """(tier, family) -> n seeds of the tier's fold not in `used`, that the expert solves from the start."""
+    return {(tier, family): solvable_seeds(engine, family, TIERS[tier], n, used, f"twx-bench:{tier}:{family}", max_tries)
+            for tier in tiers for family in families}
+
+
+def sweep_seeds(engine, families: list[str], n: int, used: set, tier_seeds: dict) -> dict[str, list[int]]:
+    """family -> n train-fold seeds for the prior-weight sweep: in no log (`used`) and in no tier of this run."""
+    taken = used | {(f, TIERS[t], s) for (t, f), seeds in tier_seeds.items() for s in seeds}
+    return {f: solvable_seeds(engine, f, "train", n, taken, f"twx-bench:sweep:{f}") for f in families}
 
 
 # ---- policies ----------------------------------------------------------------------------------
@@ -169,17 +188,10 @@ class Expert:
 
 
 def behaviour_choice(kind: tuple[float, float], expert: str | None, candidates: list[str], rng: random.Random) -> str:
-    from harnessrl.examples.twx import _plausible_mistake
+    """One action of the behaviour agent `kind` (P(expert), P(plausible mistake)): the generator's draw."""
+    from harnessrl.examples.twx import behaviour_step
 
-    p_expert, p_mistake = kind
-    u = rng.random()
-    if expert is None:
-        return rng.choice(candidates)
-    if u < p_expert:
-        return expert
-    if u < p_expert + p_mistake:
-        return _plausible_mistake(expert, candidates, rng)[0]
-    return rng.choice(candidates)
+    return behaviour_step(*kind, expert, candidates).sample(rng)[0]
 
 
 AGENT_PROBS = {name: (pe, pm) for name, _, pe, pm in __import__("harnessrl.examples.twx", fromlist=["AGENT_KINDS"]).AGENT_KINDS}
@@ -191,9 +203,12 @@ class CriticClient:
 
         self.client = httpx.Client(base_url=url, timeout=timeout)
 
-    def score(self, state: dict, candidates: list[str], avoid_repeats: bool = False) -> dict:
-        r = self.client.post("/v1/score", json={"agent_id": "twx-bench", "state": state, "candidates": candidates,
-                                                "avoid_repeats": avoid_repeats})
+    def score(self, state: dict, candidates: list, avoid_repeats: bool = False, prior_weight: float | None = None) -> dict:
+        """candidates: texts or {text, logprob}; prior_weight None: the service's setting."""
+        body = {"agent_id": "twx-bench", "state": state, "candidates": candidates, "avoid_repeats": avoid_repeats}
+        if prior_weight is not None:
+            body["prior_weight"] = prior_weight
+        r = self.client.post("/v1/score", json=body)
         r.raise_for_status()
         return r.json()
 
@@ -201,21 +216,13 @@ class CriticClient:
         self.client.close()
 
 
-def play(engine, scorer: str, family: str, fold: str, seed: int, max_steps: int, ctx: dict) -> dict:
-    """One episode of `scorer` on (family, fold, seed); returns success, steps, actions, loop."""
-    from harnessrl.critic import best_allowed
-    from harnessrl.examples.twx import FAMILY_PARAMS, _draw_agent
-    from harnessrl.features import repeats_here
+def episode(engine, family: str, fold: str, seed: int, max_steps: int, expert: Expert | None, choose) -> dict:
+    """One game of (family, fold, seed): at every step `choose(state, candidates, gold)` returns the
+    action, `gold` being the expert's (re-planned after every deviation; None without an expert
+    or when it knows none). Returns success, steps, actions, loop."""
+    from harnessrl.examples.twx import FAMILY_PARAMS
     from harnessrl.metrics import has_loop
-    from harnessrl.render import Turn
 
-    rng = random.Random(f"twx-bench:{scorer}:{family}:{fold}:{seed}")
-    agent = base_scorer(scorer)
-    no_repeat = scorer.endswith(NO_REPEAT)
-    if scorer == "mix":
-        agent = _draw_agent(rng)[0]
-    needs_expert = agent in ("expert", "careful", "mistaken", "flailing")
-    expert = Expert(engine, family, fold, seed) if needs_expert else None
     env = engine.env
     obs, info = env.reset(seed=seed, gameFold=fold, gameName=family, gameParams=FAMILY_PARAMS[family],
                           generateGoldPath=False)
@@ -224,35 +231,11 @@ def play(engine, scorer: str, family: str, fold: str, seed: int, max_steps: int,
     history: list[dict] = []
     actions: list[str] = []
     score = float(info["score"])
-    fallbacks = decisions = avoided = 0  # avoided: decisions the avoid_repeats rule changed
-    ood: list[bool | None] = []  # the service's flag per decision (critic only)
-    chosen_scores: list[float] = []
-    done = False
     for t in range(max_steps):
         candidates = [str(a) for a in info["validActions"]]
         state = {"task": task, "history": list(history), "observation": obs}
         gold = expert.next(actions, candidates, t) if expert else None
-        if agent == "expert":
-            action = gold if gold is not None else rng.choice(candidates)
-        elif agent in AGENT_PROBS:
-            action = behaviour_choice(AGENT_PROBS[agent], gold, candidates, rng)
-        elif agent == "random":
-            action = rng.choice(candidates)
-        elif agent == "critic":
-            body = ctx["critic"].score(state, candidates, avoid_repeats=no_repeat)
-            best = int(body["best_index"])
-            action, fallbacks, decisions = candidates[best], fallbacks + bool(body["fallback"]), decisions + 1
-            avoided += best != best_allowed(body["scores"])
-            ood.append(body.get("ood"))
-            chosen_scores.append(float(body["scores"][best]))
-        elif agent.startswith("bc"):
-            scores = ctx[agent].scores(state, candidates)
-            avoid = repeats_here([Turn(h["action"], h["observation"]) for h in history], obs, candidates) \
-                if no_repeat else ()
-            best = best_allowed(scores, avoid)
-            action, avoided = candidates[best], avoided + (best != best_allowed(scores))
-        else:
-            raise ValueError(f"unknown scorer {scorer!r}")
+        action = choose(state, candidates, gold)
         new_obs, _reward, done, info = env.step(action)
         new_score = float(info["score"])
         if expert:
@@ -263,10 +246,103 @@ def play(engine, scorer: str, family: str, fold: str, seed: int, max_steps: int,
         history.append({"action": action, "observation": obs})
         if done:
             break
-    return {"scorer": scorer, "agent": agent, "family": family, "fold": fold, "seed": seed,
-            "success": bool(info["tasksuccess"]), "steps": len(actions), "loop": has_loop(actions),
-            "fallbacks": fallbacks, "decisions": decisions, "avoided": avoided, "actions": actions, "ood": ood,
-            "chosen_scores": chosen_scores}
+    return {"family": family, "fold": fold, "seed": seed, "success": bool(info["tasksuccess"]), "steps": len(actions),
+            "loop": has_loop(actions), "actions": actions}
+
+
+def play(engine, scorer: str, family: str, fold: str, seed: int, max_steps: int, ctx: dict) -> dict:
+    """One episode of `scorer` on (family, fold, seed), all-actions protocol: it picks among every
+    valid action; returns success, steps, actions, loop and its decision counts."""
+    from harnessrl.critic import best_allowed
+    from harnessrl.examples.twx import _draw_agent
+    from harnessrl.features import repeats_here
+    from harnessrl.render import Turn
+
+    rng = random.Random(f"twx-bench:{scorer}:{family}:{fold}:{seed}")
+    agent = base_scorer(scorer)
+    no_repeat = scorer.endswith(NO_REPEAT)
+    if scorer == "mix":
+        agent = _draw_agent(rng)[0]
+    needs_expert = agent in ("expert", "careful", "mistaken", "flailing")
+    expert = Expert(engine, family, fold, seed) if needs_expert else None
+    counts = {"fallbacks": 0, "decisions": 0, "avoided": 0}  # avoided: decisions the avoid_repeats rule changed
+    ood: list[bool | None] = []  # the service's flag per decision (critic only)
+    chosen_scores: list[float] = []
+
+    def choose(state: dict, candidates: list[str], gold: str | None) -> str:
+        if agent == "expert":
+            return gold if gold is not None else rng.choice(candidates)
+        if agent in AGENT_PROBS:
+            return behaviour_choice(AGENT_PROBS[agent], gold, candidates, rng)
+        if agent == "random":
+            return rng.choice(candidates)
+        if agent == "critic":
+            body = ctx["critic"].score(state, candidates, avoid_repeats=no_repeat)
+            best = int(body["best_index"])
+            counts["fallbacks"] += bool(body["fallback"])
+            counts["decisions"] += 1
+            counts["avoided"] += best != best_allowed(body["scores"])
+            ood.append(body.get("ood"))
+            chosen_scores.append(float(body["scores"][best]))
+            return candidates[best]
+        if agent.startswith("bc"):
+            scores = ctx[agent].scores(state, candidates)
+            avoid = repeats_here([Turn(h["action"], h["observation"]) for h in state["history"]], state["observation"],
+                                 candidates) if no_repeat else ()
+            best = best_allowed(scores, avoid)
+            counts["avoided"] += best != best_allowed(scores)
+            return candidates[best]
+        raise ValueError(f"unknown scorer {scorer!r}")
+
+    ep = episode(engine, family, fold, seed, max_steps, expert, choose)
+    return {"scorer": scorer, "agent": agent, **ep, **counts, "ood": ood, "chosen_scores": chosen_scores}
+
+
+def play_rerank(engine, agent: str, k: int, scorer: str, family: str, fold: str, seed: int, max_steps: int,
+                ctx: dict, prior_weight: float = 0.0) -> dict:
+    """One episode of the rerank protocol (bench/twx_rerank.py): the behaviour agent `agent`
+    proposes K actions a step, `scorer` picks one. The proposals' RNG is keyed by (agent, family,
+    fold, seed) and not by scorer or K: every scorer sees the same first proposals, and the same
+    draws for as long as its game goes as another's (paired comparisons); K = 2's first two
+    draws are K = 4's. Keeps a decision log (proposals, logprobs, pick, the expert's action, the
+    service's scores)."""
+    from harnessrl.examples.twx import behaviour_step
+
+    rng = random.Random(f"twx-bench:rerank:{agent}:{family}:{fold}:{seed}")
+    counts = {"fallbacks": 0, "decisions": 0, "asked_again": 0}  # decisions: first asks the service answered
+    log: list[dict] = []
+
+    def choose(state: dict, candidates: list[str], gold: str | None) -> str:
+        step = behaviour_step(*AGENT_PROBS[agent], gold, candidates)
+        proposals = rerank.propose(step, k, rng)
+        chosen, body = rerank.pick(scorer, proposals, gold, state, ctx, prior_weight)
+        rec = rerank.decision(proposals, chosen, gold, body)
+        if body is not None:
+            counts["decisions"] += 1
+            counts["fallbacks"] += rec["fallback"]
+            if rec["fallback"] and scorer.endswith(rerank.AGAIN):  # ask again, once
+                proposals = rerank.propose(step, k, rng)
+                chosen, body = rerank.pick(scorer, proposals, gold, state, ctx, prior_weight)
+                rec["again"] = rerank.decision(proposals, chosen, gold, body)
+                counts["asked_again"] += 1
+        log.append(rec)
+        return proposals[chosen][0]
+
+    ep = episode(engine, family, fold, seed, max_steps, Expert(engine, family, fold, seed), choose)
+    return {"protocol": "rerank", "scorer": scorer, "agent": agent, "k": k, "prior_weight": prior_weight, **ep,
+            **counts, "log": log}
+
+
+def sweep_prior(engine, agent: str, k: int, seeds: dict[str, list[int]], weights: list[float], max_steps: int,
+                ctx: dict) -> dict:
+    """agent+critic+prior at each weight on the sweep seeds (train fold; in no tier, in no log):
+    successes per weight and the chosen weight (the most successes; ties: the smallest)."""
+    wins: dict[float, int] = {}
+    n = sum(len(s) for s in seeds.values())
+    for w in weights:
+        wins[w] = sum(play_rerank(engine, agent, k, "agent+critic+prior", family, "train", seed, max_steps, ctx,
+                                  w)["success"] for family, family_seeds in seeds.items() for seed in family_seeds)
+    return {"successes": {f"{w:g}": [wins[w], n] for w in weights}, "chosen": rerank.choose_weight(wins)}
 
 
 # ---- critic and BC -----------------------------------------------------------------------------
@@ -353,8 +429,10 @@ def write_diagnosis(results: dict, out_dir: Path, log_to_mlflow: bool = True) ->
     """The run's diagnosis report (harnessrl.diagnosis): closed-loop findings per tier (the
     critic's action loops, the service's OOD flags, its success against the behaviour mix and
     random on the same seeds), the success table as metrics, the critic's learning curves from its
-    training run and the distribution of the scores of the actions it chose. Logged to MLflow
-    (experiment `twx-bench`) beside the markdown and PNGs on disk."""
+    training run and the distribution of the scores of the actions it chose. With the rerank
+    protocol: its findings (a critic scorer below the agent alone or its self-consistency pick),
+    its figures as metrics (`rerank/<agent>/k<K>/<scorer>/...`) and its tables at the end of the
+    report. Logged to MLflow (experiment `twx-bench`) beside the markdown and PNGs on disk."""
     import dataclasses
 
     from harnessrl import diagnosis
@@ -376,17 +454,27 @@ def write_diagnosis(results: dict, out_dir: Path, log_to_mlflow: bool = True) ->
     flags = [f for e in critic_eps for f in e.get("ood") or [] if f is not None]
     if flags:
         figures["critic_ood_rate"] = sum(flags) / len(flags)
+    reranked = results.get("rerank")
+    chosen = [x for e in critic_eps for x in e.get("chosen_scores") or []]
+    if reranked:
+        findings += rerank.findings(reranked)
+        figures.update(rerank.figures(reranked))
+        # without all-actions critic episodes, the scores of the actions the rerank's critic took
+        chosen = chosen or [p["scores"][p["chosen"]] for e in reranked["episodes"] if rerank.uses_critic(e["scorer"])
+                            for p in map(rerank.final, e["log"])]
     curves = {}
-    if cfg.get("model") and critic_eps:
+    if cfg.get("model") and chosen:
         from harnessrl.jobs.evaluate import training_curves
 
         try:
             curves = training_curves(model_meta(cfg["model"]))
         except Exception as exc:  # a report without curves is still a report
             print(f"[twx-bench] no learning curves: {exc}", flush=True)
-    arrays = {"q": [x for e in critic_eps for x in e.get("chosen_scores") or []]}
-    report = diagnosis.render_report(findings, figures, curves, arrays, out_dir,
+    report = diagnosis.render_report(findings, figures, curves, {"q": chosen}, out_dir,
                                      title="harnessrl diagnosis: closed-loop TextWorldExpress benchmark")
+    if reranked:
+        with report.open("a", encoding="utf-8") as f:
+            f.write("\n## Rerank protocol\n\n" + rerank.markdown(reranked) + "\n")
     if log_to_mlflow:
         from harnessrl import metrics
         from harnessrl.jobs.evaluate import log_report
@@ -416,10 +504,10 @@ def table_rows(results: dict, overall_only: bool = False) -> list[list[str]]:
 HEADER = ["scorer", "tier", "family", "n", "success", "95% CI", "steps to success", "loop rate", "fallback rate"]
 
 
-def text_table(rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(HEADER)]
+def text_table(rows: list[list[str]], header: list[str] = HEADER) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths))  # noqa: E731
-    return "\n".join([line(HEADER), line(["-" * w for w in widths]), *map(line, rows)])
+    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
 
 
 def pivot_markdown(results: dict) -> str:
@@ -440,13 +528,34 @@ def markdown_table(rows: list[list[str]]) -> str:
 
 
 # ---- main --------------------------------------------------------------------------------------
+def _csv(value: str) -> list[str]:
+    return [v for v in value.split(",") if v]
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from harnessrl.examples.twx import FAMILIES
+
     p = argparse.ArgumentParser(prog="bench/twx.py", description=__doc__.split("\n")[0])
-    p.add_argument("--families", help=f"comma-separated (default {','.join(DEFAULT_FAMILIES)})")
-    p.add_argument("--seeds-per-family", type=int, help="per tier (default 5; reduced 2)")
+    p.add_argument("--protocol", default="all-actions,rerank", help=f"comma-separated of {','.join(PROTOCOLS)} "
+                   "(default both)")
+    p.add_argument("--families", help=f"comma-separated, for every protocol (default: all-actions "
+                   f"{','.join(DEFAULT_FAMILIES)}; rerank all {len(FAMILIES)}; reduced {','.join(REDUCED_FAMILIES)})")
+    p.add_argument("--seeds-per-family", type=int, help="per tier, for every protocol (default 5; reduced 2)")
     p.add_argument("--tiers", default="id,ood", help="id,ood")
-    p.add_argument("--scorers", help=f"comma-separated of {','.join(ALL_SCORERS)}; critic{NO_REPEAT}, bc{NO_REPEAT}, "
-                                     "... play a learned one under the avoid_repeats rule")
+    p.add_argument("--scorers", help=f"all-actions: comma-separated of {','.join(ALL_SCORERS)}; critic{NO_REPEAT}, "
+                                     f"bc{NO_REPEAT}, ... play a learned one under the avoid_repeats rule")
+    p.add_argument("--rerank-scorers", help=f"rerank: comma-separated of {','.join(rerank.SCORERS)} (default all; "
+                   f"reduced {','.join(rerank.REDUCED_SCORERS)})")
+    p.add_argument("--agents", default=",".join(rerank.DEFAULT_AGENTS),
+                   help=f"rerank: the behaviour agents that propose, of {','.join(rerank.AGENTS)} (default "
+                        f"{','.join(rerank.DEFAULT_AGENTS)})")
+    p.add_argument("--k", default=",".join(map(str, rerank.DEFAULT_K)), help="rerank: proposals drawn per step, "
+                   "comma-separated (default 4), e.g. 2,4,8")
+    p.add_argument("--prior-weight", type=float, help="rerank: agent+critic+prior's weight (default: swept)")
+    p.add_argument("--prior-weights", default=",".join(f"{w:g}" for w in rerank.PRIOR_WEIGHTS),
+                   help="rerank: the weights the sweep tries (default %(default)s)")
+    p.add_argument("--sweep-seeds", type=int, default=2, help="rerank: train-fold seeds per family for the sweep, "
+                   "in no tier and no log (default 2)")
     p.add_argument("--max-steps", type=int, default=None, help="step cap per episode (default: the logs' cap, 40)")
     p.add_argument("--model", help="NAME@ALIAS or models:/... of a trained critic; default: train one now")
     p.add_argument("--encoded", help="the pipeline's encoded dir (for BC); default: that of the training run, "
@@ -465,7 +574,78 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--markdown", help="write the markdown table here")
     p.add_argument("--report", help="diagnosis report folder (default: <work dir>/diagnosis)")
     p.add_argument("--from-json", help="only print/write the tables of an earlier run's --json")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for flag, given, known in (("--protocol", args.protocol, PROTOCOLS), ("--agents", args.agents, rerank.AGENTS),
+                               ("--rerank-scorers", args.rerank_scorers or "", rerank.SCORERS)):
+        unknown = [v for v in _csv(given) if v not in known]
+        if unknown or (flag != "--rerank-scorers" and not _csv(given)):
+            p.error(f"{flag}: unknown or missing {', '.join(unknown) or 'value'}; known: {', '.join(known)}")
+    try:
+        ks, weights = [int(v) for v in _csv(args.k)], [float(v) for v in _csv(args.prior_weights)]
+    except ValueError as exc:
+        p.error(f"--k / --prior-weights: {exc}")
+    if not ks or any(k < 1 for k in ks):
+        p.error(f"--k: positive integers, got {args.k!r}")
+    if not weights or any(not math.isfinite(w) or w < 0 for w in [*weights, args.prior_weight or 0.0]):
+        p.error("--prior-weight / --prior-weights: finite weights >= 0")
+    if args.sweep_seeds < 1:
+        p.error("--sweep-seeds: at least 1")
+    return args
+
+
+def rerank_config(args: argparse.Namespace, tiers: list[str], n_seeds: int) -> dict:
+    """The rerank protocol's settings from the command line (bench/twx_rerank.py)."""
+    from harnessrl.examples.twx import FAMILIES
+
+    families = _csv(args.families) if args.families else list(REDUCED_FAMILIES if args.reduced else FAMILIES)
+    scorers = _csv(args.rerank_scorers) if args.rerank_scorers else \
+        list(rerank.REDUCED_SCORERS if args.reduced else rerank.SCORERS)
+    return {"families": families, "tiers": tiers, "agents": _csv(args.agents), "k": [int(v) for v in _csv(args.k)],
+            "scorers": scorers, "seeds_per_family": n_seeds, "prior_weight": args.prior_weight,
+            "prior_weights": [float(w) for w in _csv(args.prior_weights)], "sweep_seeds_per_family": args.sweep_seeds}
+
+
+def run_rerank(engine, cfg: dict, seeds: dict, used: set, max_steps: int, ctx: dict, timings: dict) -> dict:
+    """The rerank protocol: agent+critic+prior's weight first (given, or swept per agent x K on
+    train-fold seeds in no tier and no log), then every agent x K x scorer on every seed."""
+    weights: dict[str, float] = {}
+    sweep: dict[str, dict] = {}
+    swept_on: dict[str, list[int]] = {}
+    t0 = time.time()
+    if "agent+critic+prior" in cfg["scorers"]:
+        if cfg["prior_weight"] is None:
+            swept_on = sweep_seeds(engine, cfg["families"], cfg["sweep_seeds_per_family"], used, seeds)
+        for agent in cfg["agents"]:
+            for k in cfg["k"]:
+                key = f"{agent}|k{k}"
+                if cfg["prior_weight"] is not None:
+                    weights[key] = cfg["prior_weight"]
+                    continue
+                sweep[key] = sweep_prior(engine, agent, k, swept_on, cfg["prior_weights"], max_steps, ctx)
+                weights[key] = sweep[key]["chosen"]
+                print(f"[twx-bench] rerank sweep {key}: {sweep[key]['successes']} -> prior_weight {weights[key]:g}",
+                      flush=True)
+        timings["rerank_sweep"] = time.time() - t0
+    t0 = time.time()
+    episodes: list[dict] = []
+    for (tier, family), seed_list in seeds.items():
+        for seed in seed_list:
+            for agent in cfg["agents"]:
+                for k in cfg["k"]:
+                    for scorer in cfg["scorers"]:
+                        w = weights.get(f"{agent}|k{k}", 0.0) if scorer.startswith("agent+critic+prior") else 0.0
+                        ep = play_rerank(engine, agent, k, scorer, family, TIERS[tier], seed, max_steps, ctx, w)
+                        ep["tier"] = tier
+                        episodes.append(ep)
+        done = [e for e in episodes if e["tier"] == tier and e["family"] == family]
+        print(f"[twx-bench] rerank {tier}/{family}: {len(done)} episodes, "
+              + ", ".join(f"{a}/k{k}/{s}={sum(e['success'] for e in done if (e['agent'], e['k'], e['scorer']) == (a, k, s))}"
+                          f"/{len(seed_list)}" for a in cfg["agents"] for k in cfg["k"] for s in cfg["scorers"]),
+              flush=True)
+    timings["rerank_play"] = time.time() - t0
+    return {"config": cfg, "seeds": {f"{t}|{f}": s for (t, f), s in seeds.items()}, "sweep": sweep,
+            "sweep_seeds": swept_on, "prior_weights": weights,
+            "table": rerank.table(episodes, cfg, summarise), "episodes": episodes}
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -475,13 +655,16 @@ def run(args: argparse.Namespace) -> dict:
     from harnessrl.ray_runtime import init_ray
 
     t_start = time.time()
-    families = (args.families.split(",") if args.families
+    protocols = _csv(args.protocol)
+    families = (_csv(args.families) if args.families
                 else list(REDUCED_FAMILIES if args.reduced else DEFAULT_FAMILIES))
-    scorers = args.scorers.split(",") if args.scorers else list(REDUCED_SCORERS if args.reduced else ALL_SCORERS)
-    tiers = args.tiers.split(",")
+    scorers = [] if "all-actions" not in protocols else \
+        _csv(args.scorers) if args.scorers else list(REDUCED_SCORERS if args.reduced else ALL_SCORERS)
+    tiers = _csv(args.tiers)
     n_seeds = args.seeds_per_family or (2 if args.reduced else 5)
     max_steps = args.max_steps or MAX_STEPS
     bc_steps = args.bc_steps or (150 if args.reduced else 800)
+    rr = rerank_config(args, tiers, n_seeds) if "rerank" in protocols else None
     for s in scorers:
         if base_scorer(s) not in ALL_SCORERS or (s.endswith(NO_REPEAT) and not is_learned(base_scorer(s))):
             raise SystemExit(f"unknown scorer {s!r}; known: {', '.join(ALL_SCORERS)}, and critic{NO_REPEAT}, "
@@ -498,8 +681,10 @@ def run(args: argparse.Namespace) -> dict:
     owns_ray = not ray.is_initialized()
     init_ray()
     model_uri, encoded = None, args.encoded
-    need_model = any(base_scorer(s) == "critic" for s in scorers)
-    need_bc = sorted({base_scorer(s) for s in scorers if s.startswith("bc")})
+    need_model = any(base_scorer(s) == "critic" for s in scorers) or bool(
+        rr and any(rerank.uses_critic(s) for s in rr["scorers"]))
+    need_bc = sorted({base_scorer(s) for s in scorers if s.startswith("bc")}
+                     | ({"bc"} if rr and "agent+bc" in rr["scorers"] else set()))
     training = None
     if args.model:
         model_uri = args.model if args.model.startswith("models:/") or os.path.isdir(args.model) \
@@ -546,9 +731,14 @@ def run(args: argparse.Namespace) -> dict:
 
     engine = _Engine()
     episodes: list[dict] = []
+    reranked = None
     try:
         t0 = time.time()
-        seeds = pick_seeds(engine, families, tiers, n_seeds, used_seeds(records))
+        used = used_seeds(records)
+        # one draw per (tier, family) for both protocols: a family both play has the same seeds in each
+        every = list(dict.fromkeys([*(families if scorers else []), *(rr["families"] if rr else [])]))
+        drawn = pick_seeds(engine, every, tiers, n_seeds, used)
+        seeds = {(t, f): s for (t, f), s in drawn.items() if scorers and f in families}
         timings["pick_seeds"] = time.time() - t0
         t0 = time.time()
         for (tier, family), seed_list in seeds.items():
@@ -562,6 +752,9 @@ def run(args: argparse.Namespace) -> dict:
                   + ", ".join(f"{s}={sum(e['success'] for e in done if e['scorer'] == s)}/{len(seed_list)}"
                               for s in scorers), flush=True)
         timings["play"] = time.time() - t0
+        if rr:
+            reranked = run_rerank(engine, rr, {(t, f): s for (t, f), s in drawn.items() if f in rr["families"]},
+                                  used, max_steps, ctx, timings)
     finally:
         engine.close()
         if "critic" in ctx:
@@ -582,13 +775,15 @@ def run(args: argparse.Namespace) -> dict:
                 table[f"{scorer}|{tier}|{family}"] = summarise(eps)
     timings["total"] = time.time() - t_start
     return {
-        "config": {"families": families, "tiers": tiers, "scorers": scorers, "seeds_per_family": n_seeds,
-                   "max_steps": max_steps, "model": model_uri, "encoded": encoded, "bc_steps": bc_steps,
-                   "reduced": args.reduced, "argv": sys.argv[1:], "work_dir": str(work)},
+        "config": {"protocols": protocols, "families": families if scorers else [], "tiers": tiers,
+                   "scorers": scorers, "seeds_per_family": n_seeds, "max_steps": max_steps, "model": model_uri,
+                   "encoded": encoded, "bc_steps": bc_steps, "reduced": args.reduced, "argv": sys.argv[1:],
+                   "work_dir": str(work)},
         "seeds": {f"{t}|{f}": s for (t, f), s in seeds.items()},
         "table": table, "training": training, "bc": bc_info,
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
         "episodes": [{k: v for k, v in e.items()} for e in episodes],
+        "rerank": reranked,
     }
 
 
@@ -617,15 +812,24 @@ def main(argv: list[str] | None = None) -> int:
         results["report"] = str(report)
         print(f"[twx-bench] diagnosis report: {report} ({len(results['findings'])} findings)", flush=True)
     overall, rows = table_rows(results, overall_only=True), table_rows(results)
-    print("overall per tier:\n" + text_table(overall) + "\n\nper family:\n" + text_table(rows))
+    reranked = results.get("rerank")
+    if rows:
+        print("overall per tier:\n" + text_table(overall) + "\n\nper family:\n" + text_table(rows))
+    if reranked:
+        print("\nrerank (tiers and families pooled):\n" + text_table(rerank.overall_rows(reranked),
+                                                                    rerank.OVERALL_HEADER))
     print(f"[twx-bench] wall time {results['timings_s']}")
     if args.json and not args.from_json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=str))
     if args.markdown:
-        Path(args.markdown).write_text(f"Overall per tier (config {json.dumps(results['config']['argv'])}, "
-                                       f"wall time {results['timings_s']} s):\n\n" + markdown_table(overall)
-                                       + "\n\nSuccesses per family and tier:\n\n" + pivot_markdown(results)
-                                       + "\n\nPer family:\n\n" + markdown_table(rows) + "\n")
+        parts = [f"Config {json.dumps(results['config']['argv'])}, wall time {results['timings_s']} s."]
+        if rows:
+            parts += ["Overall per tier:\n\n" + markdown_table(overall),
+                      "Successes per family and tier:\n\n" + pivot_markdown(results),
+                      "Per family:\n\n" + markdown_table(rows)]
+        if reranked:
+            parts.append(rerank.markdown(reranked))
+        Path(args.markdown).write_text("\n\n".join(parts) + "\n")
     return 0
 
 

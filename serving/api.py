@@ -55,6 +55,10 @@ class ScoreRequest(BaseModel):
     avoid_repeats: bool | None = Field(
         None, description="pass over candidates already taken from the same observation (needs a structured state "
                           "with history) while another is left; null: the service's `avoid_repeats` setting")
+    prior_weight: float | None = Field(
+        None, ge=0, allow_inf_nan=False,
+        description="weight of the candidates' logprobs in the ranking for this request (0: the critic alone); "
+                    "null: the service's `prior_weight` setting")
 
     def state_value(self) -> str | dict:
         return self.state if isinstance(self.state, str) else self.state.model_dump()

@@ -207,13 +207,14 @@ class CriticService:
         out = []
         for request, parsed, (_, texts), scores, far in zip(requests, prep.parsed, batch, all_scores, ood):
             logprobs = request.logprobs()
-            blended = blend(scores, logprobs, self.cfg.prior_weight)
+            weight = self.cfg.prior_weight if request.prior_weight is None else request.prior_weight
+            blended = blend(scores, logprobs, weight)
             avoid = self.cfg.avoid_repeats if request.avoid_repeats is None else request.avoid_repeats
             repeats = repeats_here(parsed.history, parsed.observation, texts) if avoid else None
             # with a blend, the blend ranks; the threshold (reward units) is checked on the critic's score
             d = critic.decide_scores(scores, far, repeats, blended)
             resp = ScoreResponse.model_construct(  # values of our own making: no validation pass
-                scores=d.scores, blended_scores=blended, prior_weight=self.cfg.prior_weight if blended is not None
+                scores=d.scores, blended_scores=blended, prior_weight=weight if blended is not None
                 else 0.0, best_index=d.best_index, fallback=d.fallback, reason=d.reason, ood=d.ood,
                 repeats=d.repeats, model=ref, decision_id=uuid.uuid4().hex)
             self.metrics.decision(role, d.fallback, d.ood, blended is not None)

@@ -121,6 +121,18 @@ def pipeline_run(ray_local, sample_slice, tmp_path_factory):
     return summary
 
 
+def twx_unavailable() -> str | None:
+    """Why TextWorldExpress games cannot be played here (None: they can): tests that play skip."""
+    import importlib.util
+    import shutil
+
+    if importlib.util.find_spec("textworld_express") is None:
+        return "textworld_express is not installed (pip install 'harnessrl[twx]')"
+    if shutil.which("java") is None:
+        return "java is not on PATH (TextWorldExpress runs in a JVM)"
+    return None
+
+
 def import_bench(name: str):
     """A bench/ script as a module (bench/ is no package: its scripts import each other by name)."""
     import importlib

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import collections
 import gzip
-import importlib.util
 import json
-import shutil
 from pathlib import Path
 
 import pytest
+
+from conftest import twx_unavailable
 
 DATA = Path(__file__).resolve().parents[1] / "platform" / "harnessrl" / "examples" / "data"
 FILES = {"train": DATA / "twx_train.jsonl.gz", "test": DATA / "twx_test.jsonl.gz"}
@@ -111,15 +111,7 @@ def test_committed_sample_has_the_spread_evaluation_needs(sample):
     assert {s["info"]["behaviour"] for s in steps} == {"expert", "mistake", "random"}
 
 
-def _regeneration_unavailable() -> str | None:
-    if importlib.util.find_spec("textworld_express") is None:
-        return "textworld_express is not installed (pip install 'harnessrl[twx]')"
-    if shutil.which("java") is None:
-        return "java is not on PATH (TextWorldExpress runs in a JVM)"
-    return None
-
-
-@pytest.mark.skipif(_regeneration_unavailable() is not None, reason=str(_regeneration_unavailable()))
+@pytest.mark.skipif(twx_unavailable() is not None, reason=str(twx_unavailable()))
 def test_first_episodes_rebuild_bit_for_bit(tmp_path):
     from harnessrl.examples.twx import generate
 

@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import gzip
 import io
 import json
@@ -339,14 +340,61 @@ def _verb(action: str) -> str:
     return action.split(" ", 1)[0]
 
 
-def _plausible_mistake(expert: str, candidates: list[str], rng: random.Random) -> tuple[str, str]:
+def _mistake_pool(expert: str, candidates: list[str]) -> tuple[str, list[str]]:
+    """(behaviour label, actions) of a plausible mistake: the other candidates with the expert's
+    verb; else every other candidate (a random action); else the expert itself."""
     same_verb = [c for c in candidates if c != expert and _verb(c) == _verb(expert)]
     if same_verb:
-        return rng.choice(same_verb), "mistake"
+        return "mistake", same_verb
     others = [c for c in candidates if c != expert]
     if others:
-        return rng.choice(others), "random"
-    return expert, "expert"
+        return "random", others
+    return "expert", [expert]
+
+
+@dataclasses.dataclass(frozen=True)
+class BehaviourStep:
+    """A behaviour agent's choice at one step, as the mixture it draws from: `parts` are
+    (label, weight, actions) in order. `sample` draws u = rng.random(), takes the first part whose
+    cumulative weight passes u (the last one otherwise) and then rng.choice of its actions, except
+    that an "expert" part is the expert itself, taken without a draw: exactly the generator's
+    draws. `probabilities` reads the same parts, so a logprob computed from it is that of the
+    draw `sample` makes (bench/twx.py's rerank protocol sends both to the critic)."""
+
+    parts: tuple[tuple[str, float, tuple[str, ...]], ...]
+
+    def sample(self, rng: random.Random) -> tuple[str, str]:
+        """(action, behaviour label)."""
+        u = rng.random()
+        acc = 0.0
+        for i, (label, weight, actions) in enumerate(self.parts):
+            acc += weight
+            if u < acc or i == len(self.parts) - 1:
+                return (actions[0] if label == "expert" else rng.choice(actions)), label
+        raise AssertionError("unreachable: a step has at least one part")
+
+    def probabilities(self) -> dict[str, float]:
+        """P(action) over the actions the agent can take (every candidate when a random part has
+        weight), in first-seen order: sum over parts of weight * (share of the part's actions)."""
+        out: dict[str, float] = {}
+        for _label, weight, actions in self.parts:
+            for a in actions:
+                out[a] = out.get(a, 0.0) + weight / len(actions)
+        return out
+
+
+def behaviour_step(p_expert: float, p_mistake: float, expert: str | None, candidates: list[str]) -> BehaviourStep:
+    """The generator's behaviour agent (AGENT_KINDS' P(expert), P(plausible mistake)) at a step:
+    P(a) = p_expert [a = expert] + p_mistake P_mistake(a) + (1 - p_expert - p_mistake) / |candidates|,
+    P_mistake uniform over `_mistake_pool`; uniform over the candidates when no expert is known."""
+    if not candidates:
+        raise ValueError("a step needs at least one candidate action")
+    cands = tuple(candidates)
+    if expert is None:
+        return BehaviourStep((("random", 1.0, cands),))
+    label, pool = _mistake_pool(expert, candidates)
+    return BehaviourStep((("expert", p_expert, (expert,)), (label, p_mistake, tuple(pool)),
+                          ("random", 1.0 - p_expert - p_mistake, cands)))
 
 
 def _draw_agent(rng: random.Random) -> tuple[str, float, float]:
@@ -393,15 +441,7 @@ def _run_episode(engine: _Engine, family: str, fold: str, seed: int, attempt: in
             _drop_unusable(plan, cand_set, tracker)
         expert = plan[0] if plan else None
 
-        u = rng.random()
-        if expert is None:
-            action, behaviour = rng.choice(candidates), "random"
-        elif u < p_expert:
-            action, behaviour = expert, "expert"
-        elif u < p_expert + p_mistake:
-            action, behaviour = _plausible_mistake(expert, candidates, rng)
-        else:
-            action, behaviour = rng.choice(candidates), "random"
+        action, behaviour = behaviour_step(p_expert, p_mistake, expert, candidates).sample(rng)
 
         if expert is not None and action == expert:
             plan.pop(0)
