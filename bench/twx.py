@@ -41,6 +41,7 @@ Ray binds 127.0.0.1; the service binds 127.0.0.1 on a free port; every loop is b
 from __future__ import annotations
 
 import argparse
+import collections
 import gzip
 import json
 import math
@@ -145,8 +146,8 @@ def solvable_seeds(engine, family: str, fold: str, n: int, used: set, key: str, 
 
 def pick_seeds(engine, families: list[str], tiers: list[str], n: int, used: set, max_tries: int = 200) -> dict:
     """(tier, family) -> n seeds of the tier's fold not in `used`, that the expert solves from the start."""
-    return {(tier, family): solvable_seeds(engine, family, TIERS[tier], n, used, f"twx-bench:{tier}:{family}", max_tries)
-            for tier in tiers for family in families}
+    return {(tier, family): solvable_seeds(engine, family, TIERS[tier], n, used, f"twx-bench:{tier}:{family}",
+                                           max_tries) for tier in tiers for family in families}
 
 
 def sweep_seeds(engine, families: list[str], n: int, used: set, tier_seeds: dict) -> dict[str, list[int]]:
@@ -203,7 +204,8 @@ class CriticClient:
 
         self.client = httpx.Client(base_url=url, timeout=timeout)
 
-    def score(self, state: dict, candidates: list, avoid_repeats: bool = False, prior_weight: float | None = None) -> dict:
+    def score(self, state: dict, candidates: list, avoid_repeats: bool = False,
+              prior_weight: float | None = None) -> dict:
         """candidates: texts or {text, logprob}; prior_weight None: the service's setting."""
         body = {"agent_id": "twx-bench", "state": state, "candidates": candidates, "avoid_repeats": avoid_repeats}
         if prior_weight is not None:
@@ -637,11 +639,11 @@ def run_rerank(engine, cfg: dict, seeds: dict, used: set, max_steps: int, ctx: d
                         ep = play_rerank(engine, agent, k, scorer, family, TIERS[tier], seed, max_steps, ctx, w)
                         ep["tier"] = tier
                         episodes.append(ep)
-        done = [e for e in episodes if e["tier"] == tier and e["family"] == family]
-        print(f"[twx-bench] rerank {tier}/{family}: {len(done)} episodes, "
-              + ", ".join(f"{a}/k{k}/{s}={sum(e['success'] for e in done if (e['agent'], e['k'], e['scorer']) == (a, k, s))}"
-                          f"/{len(seed_list)}" for a in cfg["agents"] for k in cfg["k"] for s in cfg["scorers"]),
-              flush=True)
+        wins = collections.Counter((e["agent"], e["k"], e["scorer"]) for e in episodes
+                                   if e["tier"] == tier and e["family"] == family and e["success"])
+        print(f"[twx-bench] rerank {tier}/{family}: " + ", ".join(
+            f"{a}/k{k}/{s}={wins[(a, k, s)]}/{len(seed_list)}" for a in cfg["agents"] for k in cfg["k"]
+            for s in cfg["scorers"]), flush=True)
     timings["rerank_play"] = time.time() - t0
     return {"config": cfg, "seeds": {f"{t}|{f}": s for (t, f), s in seeds.items()}, "sweep": sweep,
             "sweep_seeds": swept_on, "prior_weights": weights,

@@ -56,11 +56,11 @@ def own_pipeline(overrides: list[str]) -> bool:
 
 
 def run_args(args: argparse.Namespace, name: str, work: Path) -> list[str]:
-    """bench/twx.py's argv for the base (name "base") or one variant: BASE, then the variant's
-    overrides, then the user's --set (last wins)."""
+    """bench/twx.py's argv for the base (name "base") or one variant: the all-actions protocol only
+    (the table reads it), BASE, then the variant's overrides, then the user's --set (last wins)."""
     extra = [] if name == "base" else VARIANTS[name][1]
     scorers = ["critic", "critic+norepeat", *(BASELINES if name == "base" else ())]
-    argv = ["--scorers", ",".join(scorers), "--model-name", f"twx-ablation-{name}",
+    argv = ["--protocol", "all-actions", "--scorers", ",".join(scorers), "--model-name", f"twx-ablation-{name}",
             "--work-dir", str(work / (name if own_pipeline(extra) else "shared"))]
     for flag in ("families", "seeds_per_family", "logs", "bc_steps"):
         value = getattr(args, flag)

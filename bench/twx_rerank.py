@@ -193,8 +193,9 @@ def markdown(rerank: dict) -> str:
         out += ["", "Prior-weight sweep of agent+critic+prior (train-fold seeds in no tier and no log; "
                 "the weight with the most successes is used, ties: the smallest):", ""]
         out += _md(["agent", "K", "weight", "successes", "chosen"],
-                   [[*key.split("|"), f"{w:g}", f"{s}/{n}", "yes" if float(w) == res["chosen"] else ""]
-                    for key, res in sweep.items() for w, (s, n) in ((float(w), v) for w, v in res["successes"].items())])
+                   [[key.split("|")[0], key.split("|")[1].removeprefix("k"), w, f"{s}/{n}",
+                     "yes" if float(w) == res["chosen"] else ""]
+                    for key, res in sweep.items() for w, (s, n) in res["successes"].items()])
     instead = [[agent, str(k), scorer, f, "; ".join(f"{e} -> {t} ({n})" for e, t, n in m["instead"])]
                for agent in cfg["agents"] for k in cfg["k"] for scorer in cfg["scorers"] if uses_critic(scorer)
                for f in cfg["families"] if (m := tab[cell_key(agent, k, scorer, "all", f)])["instead"]]

@@ -44,10 +44,12 @@ api = FastAPI(title="harnessrl critic", version="1", description="Score candidat
 async def _validation_error(request, exc):
     """FastAPI's own 422 handler, except that raw request bytes in the errors (a body sent as
     text/plain that is not UTF-8) are decoded with replacement: the default decodes them strictly
-    and answers 500 (found by tests/reliability/test_serve_faults.py)."""
+    and answers 500 (found by tests/reliability/test_serve_faults.py), and non-finite numbers (a JSON
+    1e999 parses as inf) are echoed as text, which JSON has no number for (500 otherwise)."""
     from fastapi.encoders import jsonable_encoder
 
-    errors = jsonable_encoder(exc.errors(), custom_encoder={bytes: lambda b: b.decode("utf-8", "replace")})
+    errors = jsonable_encoder(exc.errors(), custom_encoder={bytes: lambda b: b.decode("utf-8", "replace"),
+                                                            float: lambda x: x if np.isfinite(x) else str(x)})
     return JSONResponse(status_code=422, content={"detail": errors})
 
 

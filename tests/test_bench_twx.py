@@ -1,6 +1,8 @@
 """bench/twx.py, reduced configuration, end to end: real textworld-express, the real critic
 service (the session's "it-critic" from the pipeline_run fixture, served over HTTP), BC trained
-on that run's encoded data. Checks the table's structure and invariants, never wall time."""
+on that run's encoded data; both protocols (all-actions, and the rerank protocol with every
+rerank scorer and a two-weight sweep). Checks the tables' structure and invariants and the
+rerank's decision log, never wall time."""
 
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import import_bench
+from conftest import import_bench, twx_unavailable
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(twx_unavailable() is not None, reason=str(twx_unavailable()))]
+RERANK_SCORERS = "agent,agent+self,agent+critic,agent+critic+again,agent+critic+prior,agent+bc,agent+oracle"
 
 
 @pytest.fixture(scope="module")
@@ -21,6 +24,7 @@ def bench(pipeline_run, tmp_path_factory):
     argv = ["--reduced", "--model", "it-critic@champion",
             "--encoded", str(Path(pipeline_run["output_dir"]) / "encoded"),
             "--scorers", "critic,mix,random,bc,bc+norepeat,expert", "--bc-steps", "60",
+            "--rerank-scorers", RERANK_SCORERS, "--sweep-seeds", "1", "--prior-weights", "0.5,2",
             "--json", str(out / "twx.json"), "--markdown", str(out / "twx.md"), "--report", str(out / "diagnosis")]
     assert twx.main(argv) == 0
     return {"results": json.loads((out / "twx.json").read_text()), "markdown": (out / "twx.md").read_text(),
@@ -139,3 +143,117 @@ def test_ablation_table_of_the_run(bench):
     assert not any(label.startswith("bc-careful") for label in by_label)
     assert len(rows) == 2 + 3  # two critic runs; bc, mix, random
     assert ablation.markdown(rows).count("\n") == len(rows) + 1
+
+
+# ---- the rerank protocol (issue 22) --------------------------------------------------------------
+def _rerank(bench) -> tuple[dict, dict]:
+    rr = bench["results"]["rerank"]
+    return rr, rr["config"]
+
+
+def test_rerank_plays_every_scorer_on_the_all_actions_seeds(bench):
+    res = bench["results"]
+    rr, cfg = _rerank(bench)
+    assert cfg["scorers"] == RERANK_SCORERS.split(",") and cfg["agents"] == ["mistaken"] and cfg["k"] == [4]
+    assert cfg["families"] == res["config"]["families"] and rr["seeds"] == res["seeds"]  # the same seed draws
+    played = [(e["agent"], e["k"], e["scorer"], e["tier"], e["family"], e["seed"]) for e in rr["episodes"]]
+    assert len(played) == len(set(played)) == len(cfg["scorers"]) * sum(map(len, rr["seeds"].values()))
+    for key, seeds in rr["seeds"].items():
+        tier, family = key.split("|")
+        for seed in seeds:
+            for scorer in cfg["scorers"]:
+                assert ("mistaken", 4, scorer, tier, family, seed) in played
+
+
+def test_rerank_decision_log_follows_each_scorers_rule(bench):
+    """Every step's pick, from the log: at most K distinct proposals with logprobs <= 0; the action
+    taken is the pick; agent takes the first, agent+self the most likely (first of ties), agent+oracle
+    the expert's when proposed, a critic scorer the service's best_index (agent+critic+prior: the
+    argmax of its blended_scores); +again asks once more exactly when the first answer fell back."""
+    twx = bench["twx"]
+    rr, cfg = _rerank(bench)
+    final = twx.rerank.final
+    for e in rr["episodes"]:
+        assert len(e["log"]) == e["steps"] == len(e["actions"])
+        firsts = sum(bool(d.get("fallback")) for d in e["log"])
+        assert e["fallbacks"] == firsts and e["decisions"] == (e["steps"] if twx.rerank.uses_critic(e["scorer"]) else 0)
+        assert e["asked_again"] == (firsts if e["scorer"].endswith("+again") else 0)
+        for d, action in zip(e["log"], e["actions"]):
+            assert ("again" in d) == (e["scorer"].endswith("+again") and d["fallback"])
+            for pick in [d, *([d["again"]] if "again" in d else [])]:
+                props, lps, i = pick["proposals"], pick["logprobs"], pick["chosen"]
+                assert 1 <= len(props) <= e["k"] and len(set(props)) == len(props) and len(lps) == len(props)
+                assert all(lp <= 0 for lp in lps) and 0 <= i < len(props)
+                base = e["scorer"].removesuffix("+again")
+                if base == "agent":
+                    assert i == 0
+                elif base == "agent+self":
+                    assert i == lps.index(max(lps))
+                elif base == "agent+oracle":
+                    assert i == (props.index(pick["expert"]) if pick["expert"] in props else 0)
+                elif base == "agent+critic":
+                    assert pick["blended"] is None and len(pick["scores"]) == len(props)
+                elif base == "agent+critic+prior":
+                    assert i == pick["blended"].index(max(pick["blended"]))
+                    w = e["prior_weight"]
+                    assert pick["blended"] == pytest.approx([s + w * lp for s, lp in zip(pick["scores"], lps)], abs=1e-4)
+            assert final(d)["proposals"][final(d)["chosen"]] == action
+
+
+def test_rerank_scorers_are_paired_on_the_same_draws(bench):
+    """The proposals' RNG is keyed by (agent, seed), not by scorer: every scorer's first proposals are
+    the same, and agent+critic+again plays agent+critic's game until its first fallback."""
+    rr, _ = _rerank(bench)
+    eps = {(e["scorer"], e["tier"], e["family"], e["seed"]): e for e in rr["episodes"]}
+    for (scorer, tier, family, seed), e in eps.items():
+        assert e["log"][0]["proposals"] == eps[("agent", tier, family, seed)]["log"][0]["proposals"]
+        if scorer == "agent+critic+again":
+            plain = eps[("agent+critic", tier, family, seed)]
+            first = next((t for t, d in enumerate(e["log"]) if d["fallback"]), None)
+            if first is None:
+                assert e["actions"] == plain["actions"]
+            else:
+                assert e["actions"][:first] == plain["actions"][:first]
+
+
+def test_rerank_table_sweep_and_reports(bench):
+    import mlflow
+
+    twx = bench["twx"]
+    res = bench["results"]
+    rr, cfg = _rerank(bench)
+    per_family = cfg["seeds_per_family"] * len(cfg["tiers"])
+    for scorer in cfg["scorers"]:
+        for tier in [*cfg["tiers"], "all"]:
+            for family in [*cfg["families"], "all"]:
+                m = rr["table"][twx.rerank.cell_key("mistaken", 4, scorer, tier, family)]
+                n = cfg["seeds_per_family"] * (len(cfg["families"]) if family == "all" else 1) \
+                    * (len(cfg["tiers"]) if tier == "all" else 1)
+                assert m["episodes"] == n and 0 <= m["ci95"][0] <= m["success"] <= m["ci95"][1] <= 1
+                assert 1 <= m["mean_proposals"] <= 4
+                if twx.rerank.uses_critic(scorer):
+                    assert 0.0 <= m["fallback_rate"] <= 1.0
+                else:
+                    assert m["fallback_rate"] is None
+                assert (m["asked_again_rate"] is not None) == scorer.endswith("+again")
+                if scorer == "agent+oracle" and m["expert_picked"] is not None:
+                    assert m["expert_picked"] == 1.0 and m["instead"] == []
+        assert rr["table"][twx.rerank.cell_key("mistaken", 4, scorer, "all", "all")]["episodes"] == \
+            per_family * len(cfg["families"])
+    # the sweep: train-fold seeds in no tier and in no log, both weights tried, the winner used
+    sweep = rr["sweep"]["mistaken|k4"]
+    assert set(sweep["successes"]) == {"0.5", "2"} and sweep["chosen"] in (0.5, 2.0)
+    assert rr["prior_weights"]["mistaken|k4"] == sweep["chosen"]
+    assert all(e["prior_weight"] == sweep["chosen"] for e in rr["episodes"] if e["scorer"] == "agent+critic+prior")
+    used = twx.used_seeds(twx.read_records("twx_train") + twx.read_records("twx_test"))
+    for family, seeds in rr["sweep_seeds"].items():
+        assert len(seeds) == 1 and all(s < 20000 and (family, "train", s) not in used for s in seeds)
+        assert not set(seeds) & set(rr["seeds"][f"id|{family}"])
+        assert sweep["successes"]["0.5"][1] == len(cfg["families"])
+    # the tables in the markdown and the report, the figures in MLflow
+    assert "Rerank protocol" in bench["markdown"] and "agent+critic+prior" in bench["markdown"]
+    report = Path(res["report"]).read_text()
+    assert "## Rerank protocol" in report and "Prior-weight sweep" in report
+    metrics = mlflow.get_run(res["mlflow_run_id"]).data.metrics
+    cell = rr["table"][twx.rerank.cell_key("mistaken", 4, "agent+critic", "all", "all")]
+    assert metrics["rerank/mistaken/k4/agent_critic/success"] == cell["success"]

@@ -40,7 +40,7 @@ def test_each_variant_changes_its_ingredient_only(tmp_path):
     for name, check in changed.items():
         args, cfg = _config(ablation, name, tmp_path)
         assert check(cfg) and not check(base), name
-        assert args.scorers == "critic,critic+norepeat"
+        assert args.scorers == "critic,critic+norepeat" and args.protocol == "all-actions"  # no rerank per critic
         assert args.model_name == f"twx-ablation-{name}"
         same = base.model_dump(include={"data", "rewards"}) == cfg.model_dump(include={"data", "rewards"})
         assert same, name

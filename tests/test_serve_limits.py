@@ -82,6 +82,36 @@ def test_prior_blending_ranks_by_score_plus_weighted_logprob(url):
     assert _score(url, [{"text": "take coin", "logprob": 0.5}]).status_code == 422  # not a log-probability
 
 
+def test_a_request_may_set_its_own_prior_weight(url):
+    """`prior_weight` in a request overrides the service's (WEIGHT) for that request only: 0 ranks by
+    the critic alone, a larger weight blends with it; it must be a finite weight >= 0."""
+    plain = _score(url, CANDIDATES).json()
+    logprobs = [-50.0 if i == plain["best_index"] else -0.1 * i for i in range(len(CANDIDATES))]
+    cands = [{"text": c, "logprob": lp} for c, lp in zip(CANDIDATES, logprobs)]
+
+    def score(**extra):
+        r = httpx.post(f"{url}/v1/score", json={"state": STATE, "candidates": cands, **extra}, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    off = score(prior_weight=0)
+    assert off["blended_scores"] is None and off["prior_weight"] == 0.0 and off["best_index"] == plain["best_index"]
+    heavy = score(prior_weight=4.0)
+    assert heavy["prior_weight"] == 4.0
+    expected = [s + 4.0 * lp for s, lp in zip(plain["scores"], logprobs)]
+    assert heavy["blended_scores"] == pytest.approx(expected, abs=1e-4)
+    assert heavy["best_index"] == max(range(len(CANDIDATES)), key=heavy["blended_scores"].__getitem__)
+    assert heavy["best_index"] != plain["best_index"]
+    assert score(prior_weight=None)["prior_weight"] == WEIGHT == score()["prior_weight"]  # null: the service's
+    # negative, infinite (a JSON 1e999 overflows to inf: its 422 echoes "inf"), not a number; an infinite logprob
+    for field, bad in (("prior_weight", "-0.5"), ("prior_weight", "1e999"), ("prior_weight", '"heavy"'),
+                       ("logprob", "-1e999")):
+        lp, w = (bad, "1") if field == "logprob" else ("-1", bad)
+        body = '{"state": "s", "candidates": [{"text": "a", "logprob": %s}], "prior_weight": %s}' % (lp, w)
+        r = httpx.post(f"{url}/v1/score", content=body, headers={"content-type": "application/json"}, timeout=60)
+        assert r.status_code == 422 and field in r.text, (field, bad, r.status_code)
+
+
 def test_avoid_repeats_passes_over_candidates_taken_from_the_same_observation(url):
     def score(candidates, state, **extra):
         r = httpx.post(f"{url}/v1/score", json={"state": state, "candidates": candidates, **extra}, timeout=60)
