@@ -50,7 +50,7 @@ class RenderConfig(_Strict):
 class EncoderConfig(_Strict):
     """The encode stage: a Ray Data actor pool running a sentence-transformers model.
 
-    The pool adapts to the cluster at stage start (see `pipelines/encode.py: plan_pool`):
+    The pool adapts to the cluster at stage start (see `pipelines/encode_pool.py: plan_pool`):
     actors that do not fit beside the stage's read tasks are dropped or given a smaller CPU
     share, never left waiting; GPU options are checked against the cluster there too."""
 
