@@ -303,13 +303,11 @@ def train_critic(args, work: Path) -> tuple[str, str, dict]:
 def build_bc(names: list[str], encoded_dir: str, episodes: dict[str, dict], steps: int, render_cfg: dict) -> dict:
     import numpy as np
 
-    from harnessrl.encoders import load_encoder
     from harnessrl.render import Layout, parse_request_state
-    from twx_bc import BCScorer, encoder_identity, load_rows, train_bc
+    from twx_bc import BCScorer, load_bc_encoder, load_rows, train_bc
 
     rows = load_rows(encoded_dir)
-    ident = encoder_identity(encoded_dir)
-    model, _ = load_encoder(ident["model_name"], None, ident.get("max_seq_length"), ident.get("precision", "float32"))
+    model = load_bc_encoder(encoded_dir)
 
     def encode(texts):
         return model.encode(list(texts), convert_to_numpy=True, show_progress_bar=False, batch_size=64)

@@ -433,10 +433,14 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
 
     from harnessrl import settings, storage
     from harnessrl.algorithms.iql import IQLConfig, IQLNetwork
+    from harnessrl.encoded_data import check_identity
+    from harnessrl.encoders import EncoderIdentity
     from harnessrl.model_files import save_critic, save_ood_reference
     from harnessrl.ood import fit_reference
     from harnessrl.training_state import load_network_weights
 
+    # the embeddings must be those of the encoder the critic will be saved with (and serve with)
+    check_identity(encoded_dir, EncoderIdentity.from_json(meta["encoder"]), f"training data {encoded_dir}")
     start = time.time()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     ds = ray.data.read_parquet(storage.join(encoded_dir, "data")).materialize()  # see the 2-CPU deadlock note

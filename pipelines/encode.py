@@ -24,8 +24,8 @@ block of a task until it writes).
 No shuffle: memory follows the distinct texts, not the rows, and a small machine does not
 pay for an all-to-all exchange. Each distinct text is encoded at most once per run. The
 encoder identity is derived from the model's files on the driver, checked by every actor
-against the model it loaded, written beside the data (`_dataset.json`) and into the Parquet
-schema, and checked by whatever consumes the embeddings (`check_identity`).
+against the model it loaded, written beside the data and into the Parquet schema, and checked
+by whatever consumes the embeddings (harnessrl.encoded_data: `write_meta`, `check_identity`).
 
 The stage's parts, one module each: `encode_pool` (where the actors run), `encode_claims`
 (the claim table), `encode_scan` (first pass), `encode_actor` (the encoder actor and its
@@ -47,10 +47,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from harnessrl import schemas, storage
+from harnessrl import encoded_data, schemas, storage
 from harnessrl.config import EncoderConfig
 from harnessrl.embedding_cache import BUCKETS, EmbeddingCache
-from harnessrl.encoders import EncoderIdentity, cpu_has_native_bf16, encoder_identity
+from harnessrl.encoders import ENCODER_KEY, cpu_has_native_bf16, encoder_identity
 from harnessrl.errors import DataError, ModelError
 from harnessrl.pipelines.encode_actor import _Encoder
 from harnessrl.pipelines.encode_attach import DRIVER_ATTACH_ROWS, _index, attach_all, storage_files
@@ -61,8 +61,6 @@ from harnessrl.pipelines.encode_scan import SCAN_MEMORY, _input_files, _scan_fil
 from harnessrl.ray_runtime import object_store_budget
 
 log = logging.getLogger(__name__)
-DATASET_META = "_dataset.json"
-ENCODER_KEY = b"harnessrl.encoder"
 
 
 @dataclass
@@ -114,30 +112,6 @@ def _finish_bucket(bucket: int, cached: list[str], cache: EmbeddingCache, texts_
         pq.write_table(out, f"{path}/cached-b{bucket:03d}.parquet", filesystem=fs, compression="zstd")
         copied = found.num_rows
     return copied, added
-
-
-# ---- identity of an encoded dataset ----------------------------------------------------------
-def read_identity(encoded_dir: str) -> EncoderIdentity:
-    fs, path = storage.filesystem(storage.join(encoded_dir, DATASET_META))
-    with fs.open_input_stream(path) as fh:
-        return EncoderIdentity.from_json(json.loads(fh.read())["encoder"])
-
-
-def check_identity(encoded_dir: str, identity: EncoderIdentity, where: str = "") -> None:
-    """Raise ModelError unless the encoded dataset's embeddings were made by `identity`: its
-    `_dataset.json` and the encoder named in its Parquet files' schema must both agree."""
-    import pyarrow.dataset as pads
-
-    where = where or f"encoded dataset {encoded_dir}"
-    try:
-        stored = read_identity(encoded_dir)
-    except (OSError, FileNotFoundError, KeyError, ValueError) as exc:
-        raise ModelError(f"{where}: no readable encoder identity ({DATASET_META}): {exc}") from None
-    stored.check_same(identity, where)
-    fs, path = storage.filesystem(storage.join(encoded_dir, "data"))
-    meta = pads.dataset(path, filesystem=fs, format="parquet").schema.metadata or {}
-    if ENCODER_KEY in meta:
-        EncoderIdentity.from_json(meta[ENCODER_KEY].decode()).check_same(identity, f"{where} (Parquet schema)")
 
 
 # ---- the stage --------------------------------------------------------------------------------
@@ -273,9 +247,7 @@ def encode(transitions_dir: str, out_dir: str, cfg: EncoderConfig,
                 "texts_total": texts_total, "texts_distinct": n_distinct, "texts_cached": n_cached,
                 "texts_encoded": n_distinct - n_cached, "dtype": cfg.dtype, "cache": cache.uri if cache else None,
                 "schema_version": schemas.SCHEMA_VERSION}
-        fs, path = storage.filesystem(storage.join(out_dir, DATASET_META))
-        with fs.open_output_stream(path) as fh:
-            fh.write(json.dumps(meta, indent=2, sort_keys=True).encode())
+        encoded_data.write_meta(out_dir, meta)
     result = EncodeResult(out_dir, rows, texts_total, n_distinct, plan.max_actors, time.time() - start, meta["encoder"],
                           texts_cached=n_cached, texts_encoded=n_distinct - n_cached, min_actors=plan.min_actors,
                           cpus_per_actor=plan.cpus_per_actor, gpus_per_actor=plan.gpus_per_actor,

@@ -21,7 +21,8 @@ import pytest
 from conftest import table as _table
 from harnessrl.config import EncoderConfig, parse_pipeline
 from harnessrl.embedding_cache import EmbeddingCache, bucket_of
-from harnessrl.encoders import EncoderIdentity, encoder_identity, load_encoder, text_hash
+from harnessrl.encoded_data import check_identity, read_meta
+from harnessrl.encoders import ENCODER_KEY, EncoderIdentity, encoder_identity, load_encoder, text_hash
 from harnessrl.errors import ConfigError, ModelError
 from harnessrl.transitions import untaken_candidates
 
@@ -152,7 +153,7 @@ def test_rerun_takes_everything_from_the_cache(first_run, work):
     b = _table(work["dir"] / "enc16-again" / "data").sort_by([("episode_id", "ascending"), ("step_idx", "ascending")])
     for col in ("state_emb", "action_emb", "next_state_emb", "candidate_emb"):
         assert a.column(col).equals(b.column(col))
-    meta = json.loads((work["dir"] / "enc16-again" / "_dataset.json").read_text())
+    meta = read_meta(str(work["dir"] / "enc16-again"))
     assert meta["texts_cached"] == first.texts_distinct and meta["cache"].startswith("s3://")
 
 
@@ -252,13 +253,13 @@ def test_attach_in_tasks_equals_attach_in_driver(encoded, work, tmp_path):
     files = _input_files(src)
     assert len(files) > 1
     index = _index(str(work["dir"] / "encoded" / "_texts"), "float32", 384)
-    meta = {b"harnessrl.encoder": b"{}"}
+    meta = {ENCODER_KEY: b"{}"}
     written = {mode: attach_all(files, src, str(tmp_path / mode), index, 16, meta, in_driver=mode == "driver")
                for mode in ("driver", "tasks")}
     assert written["driver"] == written["tasks"] == encoded.rows
     for name in sorted(p.name for p in (tmp_path / "driver").iterdir()):
         here, there = pq.read_table(tmp_path / "driver" / name), pq.read_table(tmp_path / "tasks" / name)
-        assert here.equals(there) and here.schema.metadata[b"harnessrl.encoder"] == b"{}"
+        assert here.equals(there) and here.schema.metadata[ENCODER_KEY] == b"{}"
     ref = _table(work["dir"] / "encoded" / "data")
     assert ref.equals(_table(tmp_path / "driver").select(ref.column_names))  # as the stage wrote them
 
@@ -271,7 +272,6 @@ def test_identity_from_files_matches_loaded_model(model):
 
 
 def test_encoder_mismatch_is_a_clear_error(encoded, work, tmp_path, model):
-    from harnessrl.pipelines.encode import check_identity
     from harnessrl.pipelines.encode_actor import _Encoder
     from harnessrl.pipelines.encode_pool import plan_pool
 
@@ -281,7 +281,7 @@ def test_encoder_mismatch_is_a_clear_error(encoded, work, tmp_path, model):
     with pytest.raises(ModelError, match="max_seq_length: 128 vs 64"):
         check_identity(encoded.out_dir, other)
     meta = pads.dataset(str(work["dir"] / "encoded" / "data"), format="parquet").schema.metadata
-    assert EncoderIdentity.from_json(meta[b"harnessrl.encoder"].decode()) == identity  # travels with the Parquet files
+    assert EncoderIdentity.from_json(meta[ENCODER_KEY].decode()) == identity  # travels with the Parquet files
 
     # a cache folder that holds another encoder's vectors
     cache = EmbeddingCache(str(tmp_path / "c"), identity, "float32").open()
@@ -299,7 +299,6 @@ def test_encoder_mismatch_is_a_clear_error(encoded, work, tmp_path, model):
 def test_cpu_precision_is_part_of_the_identity(encoded, work, model):
     """The opt-in bfloat16 CPU encoder: close to float32 vectors, but another identity, so an
     encoded dataset, cache or actor of one precision is never taken for another."""
-    from harnessrl.pipelines.encode import check_identity
     from harnessrl.pipelines.encode_actor import _Encoder
     from harnessrl.pipelines.encode_pool import plan_pool
 

@@ -24,6 +24,7 @@ BUILTIN_MINILM = "builtin:all-MiniLM-L6-v2"
 # transformer; pooling and normalisation in float32). int8 dynamic quantization of the Linear layers
 # was measured and left out: 1.9x faster but cosine to float32 only 0.89 (min) / 0.94 (mean).
 PRECISIONS = ("float32", "bfloat16")
+ENCODER_KEY = b"harnessrl.encoder"  # the identity in the schema metadata of Parquet files of embeddings
 
 
 @dataclass(frozen=True)
