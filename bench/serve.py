@@ -539,9 +539,9 @@ def main() -> None:
     os.environ.setdefault("HARNESSRL_HOME", str(work / "home"))
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if args.model:
-        from harnessrl.cli import model_uri
+        from harnessrl import registry
 
-        model = str(Path(args.model).resolve()) if Path(args.model).exists() else model_uri(args.model)
+        model = str(Path(args.model).resolve()) if Path(args.model).exists() else registry.model_uri(args.model)
     elif args.untrained:
         model = untrained_critic(work / "untrained-critic")
     else:

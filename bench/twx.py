@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
 import random
 import socket
 import sys
@@ -46,6 +45,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from harnessrl import registry
 from harnessrl.metrics import wilson_interval
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -340,10 +340,9 @@ def build_bc(names: list[str], encoded_dir: str, episodes: dict[str, dict], step
 
 def model_meta(uri: str) -> dict:
     """The critic's stored meta (render settings, lineage) without loading its encoder."""
-    from harnessrl import registry
     from harnessrl.model_files import load_critic_files
 
-    return load_critic_files(registry.resolve(uri)["path"] if uri.startswith("models:/") else uri)[1]
+    return load_critic_files(registry.resolve(uri).path)[1]
 
 
 # ---- diagnosis ---------------------------------------------------------------------------------
@@ -500,8 +499,7 @@ def run(args: argparse.Namespace) -> dict:
     need_bc = sorted({base_scorer(s) for s in scorers if s.startswith("bc")})
     training = None
     if args.model:
-        model_uri = args.model if args.model.startswith("models:/") or os.path.isdir(args.model) \
-            else f"models:/{args.model}"
+        model_uri = registry.model_uri(args.model, "--model")
     elif need_model or (need_bc and not encoded):
         t0 = time.time()
         model_uri, out, summary = train_critic(args, work)

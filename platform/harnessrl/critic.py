@@ -1,6 +1,6 @@
 """The public critic: load a trained model, score candidate actions for a state.
 
-    critic = Critic.load("models:/harnessrl-critic@champion")   # or a local critic folder
+    critic = Critic.load("harnessrl-critic@champion")   # or NAME/VERSION, models:/..., a critic folder
     critic.score("Task: ...\\nNow: ...", ["open door", "go north"])  # -> [q0, q1]
 
 Scores are Q(s, a) in reward units (higher is better). `decide` adds the best index and the
@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from harnessrl import registry
 from harnessrl.encoders import EncoderIdentity, load_encoder
 from harnessrl.errors import ModelError
 from harnessrl.features import features_for, repeats_here
@@ -82,22 +83,14 @@ class Critic:
 
     @classmethod
     def load(cls, uri: str | Path, device: str | None = None, with_encoder: bool = True) -> "Critic":
-        """From `models:/NAME@ALIAS`, `models:/NAME/VERSION` or a local critic folder; `device`
-        (e.g. "cuda") is where the encoder and a cross head's trunk run (default: a GPU when one is visible).
+        """From a registry model (`NAME@ALIAS`, `NAME/VERSION`, `models:/...`) or a local critic
+        folder (`registry.resolve`); `device` (e.g. "cuda") is where the encoder and a cross
+        head's trunk run (default: a GPU when one is visible).
 
         `with_encoder=False` loads no sentence encoder: every embedding must then be given to
         `encode` (the service's encoder deployment computes them)."""
-        name = version = None
-        uri = str(uri)
-        if uri.startswith("models:/"):
-            from harnessrl import registry
-
-            found = registry.resolve(uri)
-            path, name, version = found["path"], found["name"], found["version"]
-        else:
-            path = uri
-            if not Path(path).exists():
-                raise ModelError(f"no critic at {path}")
+        found = registry.resolve(uri)
+        uri, path, name, version = found.uri, found.path, found.name, found.version
         net, meta = load_critic_files(path, device)
         encoder = None
         if with_encoder:
