@@ -204,7 +204,7 @@ def sub_baseline(args) -> None:
 
     torch.set_num_threads(args.baseline_threads)
     critic = Critic.load(args.model)
-    critic.cache_size = 0  # every text encoded again, every request
+    critic.lru.size = 0  # every text encoded again, every request
     lock = threading.Lock()  # Critic is not thread-safe; one request at a time, as one worker would
     app = FastAPI()
 

@@ -175,7 +175,7 @@ class CriticService:
 
     def _caches(self):
         slots = [("champion", self.champion)] + ([("challenger", self.challenger)] if self.challenger else [])
-        return [(role, slot.critic.cache_stats()) for role, slot in slots]
+        return [(role, slot.critic.lru.stats()) for role, slot in slots]
 
     @property
     def critic(self):
@@ -311,7 +311,7 @@ class CriticService:
                          challenger=self.challenger.ref if self.challenger else None,
                          challenger_share=self.challenger_share,
                          tools=critic.tool_vocab if critic.tool_head is not None else [],
-                         embedding_cache=critic.cache_stats(),
+                         embedding_cache=critic.lru.stats(),
                          encoder=critic.meta["encoder"], lineage=critic.meta.get("lineage", {}))
 
     @api.get("/healthz")
