@@ -118,14 +118,13 @@ def split(steps: list[dict], holdout: float, test_steps: int, seed: int) -> tupl
 
 
 def close_call(step: dict) -> bool:
-    """Another candidate starts with the expert's verb: the choice is which object or place
-    (which quantity, which container), not what to do: where reading the state matters most.
-    (The verb as harnessrl.features.tool_name's `first_word`, which imports pydantic: not on a GPU machine.)"""
-    def verb(action: str) -> str:
-        return action.split(" ", 1)[0].lower()
+    """Another candidate starts with the expert's verb (its tool, as `render.tool_from:
+    first_word` names it): the choice is which object or place (which quantity, which
+    container), not what to do: where reading the state matters most."""
+    from harnessrl.tool_naming import tool_name
 
-    gold = verb(step["candidates"][step["gold"]])
-    return sum(verb(c) == gold for c in step["candidates"]) > 1
+    gold = tool_name(step["candidates"][step["gold"]], "first_word")
+    return sum(tool_name(c, "first_word") == gold for c in step["candidates"]) > 1
 
 
 def accuracy(test: list[dict], correct: list[float]) -> dict:

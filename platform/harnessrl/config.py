@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from harnessrl.errors import ConfigError
+from harnessrl.tool_naming import ToolFrom
 
 
 class _Strict(BaseModel):
@@ -33,7 +34,7 @@ class RenderConfig(_Strict):
 
     window: int = Field(4, ge=0)
     max_chars: int = Field(2000, ge=200)
-    tool_from: Literal["calls", "first_word"] = Field(
+    tool_from: ToolFrom = Field(
         "calls", description="an action's tool: `name(...)` tool calls, or the first word (text games)")
     max_tokens: int | None = Field(
         None, ge=16, description="token budget of a state, counted with the encoder's tokenizer: the oldest "
