@@ -244,6 +244,7 @@ def _fmt(x: float | None) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     from harnessrl.encoders import BUILTIN_MINILM
+    from harnessrl.precision import COMPUTE, normalise
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group(required=True)
@@ -267,7 +268,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--max-len", type=int, default=192)
     ap.add_argument("--device", default="cpu", help="cpu or cuda (both scorers)")
-    ap.add_argument("--precision", choices=("float32", "bfloat16"), default="float32",
+    ap.add_argument("--precision", type=normalise, choices=COMPUTE, default="float32",
                     help="compute precision of the transformer (autocast) in both scorers")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--log-every", type=int, default=50)

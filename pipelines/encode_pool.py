@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from harnessrl.config import EncoderConfig
 from harnessrl.errors import ConfigError
+from harnessrl.precision import half_weights
 
 TASK_CPUS = 0.5  # the stage's own tasks (scan, cache finish, attach)
 ACTOR_MEMORY = 1 << 30  # per encoder actor, for sizing the pool (MiniLM on CPU measured ~650 MB)
@@ -135,7 +136,7 @@ def plan_pool(cfg: EncoderConfig, resources: dict, node_cpus: float | None = Non
         threads = max(1, int(min(largest, max(share, largest / per_node))))
     return PoolPlan(min_actors=lo, max_actors=hi, cpus_per_actor=share, gpus_per_actor=cfg.gpus_per_actor,
                     threads=threads, device="cuda" if gpu else "cpu",
-                    half=gpu and cfg.precision in ("auto", "float16"), notes=tuple(notes))
+                    half=half_weights(cfg.precision, gpu, cfg.identity_precision), notes=tuple(notes))
 
 
 def bf16_hint(device: str, precision: str, native: bool) -> str | None:

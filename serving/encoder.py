@@ -37,6 +37,7 @@ class EncoderService:
 
         from harnessrl.config import ServeEncoderConfig
         from harnessrl.encoders import EncoderIdentity, load_encoder
+        from harnessrl.precision import half_weights
 
         self.cfg = cfg = ServeEncoderConfig.model_validate(config)
         torch.set_num_threads(max(1, math.floor(cfg.num_cpus)))
@@ -46,7 +47,7 @@ class EncoderService:
         self.model, loaded = load_encoder(name, self.device, max_seq_length, expected.precision)
         expected.check_same(loaded, "the encoder deployment (serve.encoder)")
         # float16 weights on a GPU, unless the model's vectors were made in bfloat16 (autocast then)
-        half = self.device == "cuda" and cfg.precision != "float32" and loaded.precision == "float32"
+        half = half_weights(cfg.precision, self.device == "cuda", loaded.precision)
         if half:
             self.model.half()
         self.identity = loaded
