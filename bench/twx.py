@@ -118,7 +118,7 @@ def used_seeds(records: list[dict]) -> set[tuple[str, str, int]]:
 
 def pick_seeds(engine, families: list[str], tiers: list[str], n: int, used: set, max_tries: int = 200) -> dict:
     """(tier, family) -> n seeds of the tier's fold not in `used`, that the expert solves from the start."""
-    from harnessrl.examples.twx import _gold_key
+    from harnessrl.examples.twx_expert import _gold_key
 
     out: dict[tuple[str, str], list[int]] = {}
     for tier in tiers:
@@ -142,14 +142,14 @@ class Expert:
     `harnessrl.examples.twx._run_episode` does."""
 
     def __init__(self, engine, family: str, fold: str, seed: int):
-        from harnessrl.examples.twx import _InfoTracker
+        from harnessrl.examples.twx_expert import _InfoTracker
 
         self.engine, self.family, self.fold, self.seed = engine, family, fold, seed
         self.tracker = _InfoTracker()
         self.plan: list[str] | None = None
 
     def next(self, history: list[str], candidates: list[str], t: int) -> str | None:
-        from harnessrl.examples.twx import _drop_unusable, _gold_key
+        from harnessrl.examples.twx_expert import _drop_unusable, _gold_key
 
         cand_set = set(candidates)
         if self.plan is not None:
@@ -204,7 +204,8 @@ class CriticClient:
 def play(engine, scorer: str, family: str, fold: str, seed: int, max_steps: int, ctx: dict) -> dict:
     """One episode of `scorer` on (family, fold, seed); returns success, steps, actions, loop."""
     from harnessrl.critic import best_allowed
-    from harnessrl.examples.twx import FAMILY_PARAMS, _draw_agent
+    from harnessrl.examples.twx import _draw_agent
+    from harnessrl.examples.twx_expert import FAMILY_PARAMS
     from harnessrl.features import repeats_here
     from harnessrl.metrics import has_loop
     from harnessrl.render import Turn
@@ -468,7 +469,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> dict:
     import torch
 
-    from harnessrl.examples.twx import MAX_STEPS, _Engine
+    from harnessrl.examples.twx_expert import MAX_STEPS, _Engine
     from harnessrl.ray_runtime import init_ray
 
     t_start = time.time()
