@@ -4,8 +4,8 @@ own, between the ingress and the critic (DESIGN §9).
 Critic replicas send it the texts their own LRU misses, one call per critic batch; concurrent
 calls are gathered by `@serve.batch`, each distinct text is encoded once, and embeddings are
 kept in an LRU (harnessrl.embedding_lru) keyed by a hash of the text (harnessrl.encoders.text_hash),
-so a state or candidate seen by any critic replica is not encoded again. On a GPU (`num_gpus > 0`) the weights
-are float16 unless `precision: float32`. The encoder it loads must be the one the served model
+so a state or candidate seen by any critic replica is not encoded again. On a GPU (`num_gpus >
+0`) the weights are float16 unless `precision: float32` (harnessrl.precision.half_weights). The encoder it loads must be the one the served model
 was trained with: `build_app` checks the configuration against the model before anything starts,
 and this replica checks what it loaded against that identity (`EncoderIdentity.check_same`).
 """
