@@ -6,6 +6,7 @@ and with the real identity of the bundled MiniLM; tests/test_encode.py checks th
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -21,7 +22,7 @@ from harnessrl.errors import ModelError
 
 def _dataset(folder, meta_identity, schema_identity=None):
     """`data/part-00000.parquet` (two rows of 384-d state embeddings, `schema_identity` in its schema)
-    and `_dataset.json` naming `meta_identity`, as the encode stage writes them."""
+    and the description (`encoded_data.write_meta`) naming `meta_identity`, as the encode stage writes them."""
     (folder / "data").mkdir(parents=True)
     emb = pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(2 * 384, np.float32)), 384)
     table = pa.table({"state_emb": emb})
@@ -45,7 +46,7 @@ def test_identity_is_read_and_checked_against_both_records(tmp_path):
     swapped = _dataset(tmp_path / "swapped", ident, other)
     with pytest.raises(ModelError, match=r"\(Parquet schema\)"):
         encoded_data.check_identity(swapped, ident)
-    with pytest.raises(ModelError, match=r"no readable encoder identity \(_dataset.json\)"):
+    with pytest.raises(ModelError, match=re.escape(f"no readable encoder identity ({encoded_data.DATASET_META})")):
         encoded_data.check_identity(str(tmp_path / "absent"), ident)
 
 
