@@ -118,14 +118,13 @@ def split(steps: list[dict], holdout: float, test_steps: int, seed: int) -> tupl
 
 
 def close_call(step: dict) -> bool:
-    """Another candidate starts with the expert's verb: the choice is which object or place
-    (which quantity, which container), not what to do: where reading the state matters most.
-    (The verb as harnessrl.features.tool_name's `first_word`, which imports pydantic: not on a GPU machine.)"""
-    def verb(action: str) -> str:
-        return action.split(" ", 1)[0].lower()
+    """Another candidate starts with the expert's verb (its tool, as `render.tool_from:
+    first_word` names it): the choice is which object or place (which quantity, which
+    container), not what to do: where reading the state matters most."""
+    from harnessrl.tool_naming import tool_name
 
-    gold = verb(step["candidates"][step["gold"]])
-    return sum(verb(c) == gold for c in step["candidates"]) > 1
+    gold = tool_name(step["candidates"][step["gold"]], "first_word")
+    return sum(tool_name(c, "first_word") == gold for c in step["candidates"]) > 1
 
 
 def accuracy(test: list[dict], correct: list[float]) -> dict:
@@ -245,6 +244,7 @@ def _fmt(x: float | None) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     from harnessrl.encoders import BUILTIN_MINILM
+    from harnessrl.precision import COMPUTE, normalise
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group(required=True)
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--max-len", type=int, default=192)
     ap.add_argument("--device", default="cpu", help="cpu or cuda (both scorers)")
-    ap.add_argument("--precision", choices=("float32", "bfloat16"), default="float32",
+    ap.add_argument("--precision", type=normalise, choices=COMPUTE, default="float32",
                     help="compute precision of the transformer (autocast) in both scorers")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--log-every", type=int, default=50)

@@ -367,6 +367,8 @@ def scaled(source: Path, out: Path, copies: int) -> Path:
 
 # ---- main -----------------------------------------------------------------------------------------
 def main() -> None:
+    from harnessrl.precision import COMPUTE, normalise
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpus", default="builtin:twx-train")
     ap.add_argument("--batch-size", type=int, default=32)
@@ -382,7 +384,7 @@ def main() -> None:
     ap.add_argument("--mem-rows", default="100000,1000000")
     ap.add_argument("--mem-source-rows", type=int, default=400)
     ap.add_argument("--mem-candidates", type=int, default=0, help="untaken candidates embedded per row in the memory runs")
-    ap.add_argument("--opt-precision", default=None, choices=["bfloat16", "float32"],
+    ap.add_argument("--opt-precision", default=None, type=normalise, choices=COMPUTE,
                     help="also run the ceiling and the stage at this precision (bfloat16: CPU; float32: --device cuda)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="cuda: (a)/(b) on the GPU in float16, (c) on GPU actors")

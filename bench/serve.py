@@ -204,7 +204,7 @@ def sub_baseline(args) -> None:
 
     torch.set_num_threads(args.baseline_threads)
     critic = Critic.load(args.model)
-    critic.cache_size = 0  # every text encoded again, every request
+    critic.lru.size = 0  # every text encoded again, every request
     lock = threading.Lock()  # Critic is not thread-safe; one request at a time, as one worker would
     app = FastAPI()
 
@@ -539,9 +539,9 @@ def main() -> None:
     os.environ.setdefault("HARNESSRL_HOME", str(work / "home"))
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if args.model:
-        from harnessrl.cli import model_uri
+        from harnessrl import registry
 
-        model = str(Path(args.model).resolve()) if Path(args.model).exists() else model_uri(args.model)
+        model = str(Path(args.model).resolve()) if Path(args.model).exists() else registry.model_uri(args.model)
     elif args.untrained:
         model = untrained_critic(work / "untrained-critic")
     else:

@@ -4,7 +4,7 @@
 V, the critic) plus `DiscreteLearner.update` with method awr (the AWR actor over the tool
 vocabulary, weighted by the critic's advantage) on the same minibatch: IQL's critic and actor,
 as d3rlpy's IQL step is its twin Q + V + Gaussian AWR actor. Two variants are timed beside it:
-`train.precision: bf16` (opt-in) and `train.tool_head: iql` (the tool head with a discrete twin
+`train.precision: bfloat16` (opt-in; `bf16` is the same name) and `train.tool_head: iql` (the tool head with a discrete twin
 Q + V of its own, what training ran before awr became the default).
 Both use 256x2 MLPs with LayerNorm, observation 768, action 384, batch 256, Adam, the same
 synthetic data (seeded) and the same number of torch threads.

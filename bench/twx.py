@@ -45,7 +45,6 @@ import collections
 import gzip
 import json
 import math
-import os
 import random
 import socket
 import sys
@@ -55,6 +54,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from harnessrl import registry
 from harnessrl.metrics import wilson_interval
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,7 +131,7 @@ def used_seeds(records: list[dict]) -> set[tuple[str, str, int]]:
 def solvable_seeds(engine, family: str, fold: str, n: int, used: set, key: str, max_tries: int = 200) -> list[int]:
     """n seeds of `fold` not in `used` that the expert solves from the start, in the order of a
     shuffle seeded by `key` (so a smaller n gives a prefix of a larger one)."""
-    from harnessrl.examples.twx import _gold_key
+    from harnessrl.examples.twx_expert import _gold_key
 
     pool = [s for s in engine.seeds[fold] if (family, fold, s) not in used]
     random.Random(key).shuffle(pool)
@@ -162,14 +162,14 @@ class Expert:
     `harnessrl.examples.twx._run_episode` does."""
 
     def __init__(self, engine, family: str, fold: str, seed: int):
-        from harnessrl.examples.twx import _InfoTracker
+        from harnessrl.examples.twx_expert import _InfoTracker
 
         self.engine, self.family, self.fold, self.seed = engine, family, fold, seed
         self.tracker = _InfoTracker()
         self.plan: list[str] | None = None
 
     def next(self, history: list[str], candidates: list[str], t: int) -> str | None:
-        from harnessrl.examples.twx import _drop_unusable, _gold_key
+        from harnessrl.examples.twx_expert import _drop_unusable, _gold_key
 
         cand_set = set(candidates)
         if self.plan is not None:
@@ -222,7 +222,7 @@ def episode(engine, family: str, fold: str, seed: int, max_steps: int, expert: E
     """One game of (family, fold, seed): at every step `choose(state, candidates, gold)` returns the
     action, `gold` being the expert's (re-planned after every deviation; None without an expert
     or when it knows none). Returns success, steps, actions, loop."""
-    from harnessrl.examples.twx import FAMILY_PARAMS
+    from harnessrl.examples.twx_expert import FAMILY_PARAMS
     from harnessrl.metrics import has_loop
 
     env = engine.env
@@ -381,13 +381,11 @@ def train_critic(args, work: Path) -> tuple[str, str, dict]:
 def build_bc(names: list[str], encoded_dir: str, episodes: dict[str, dict], steps: int, render_cfg: dict) -> dict:
     import numpy as np
 
-    from harnessrl.encoders import load_encoder
     from harnessrl.render import Layout, parse_request_state
-    from twx_bc import BCScorer, encoder_identity, load_rows, train_bc
+    from twx_bc import BCScorer, load_bc_encoder, load_rows, train_bc
 
     rows = load_rows(encoded_dir)
-    ident = encoder_identity(encoded_dir)
-    model, _ = load_encoder(ident["model_name"], None, ident.get("max_seq_length"), ident.get("precision", "float32"))
+    model = load_bc_encoder(encoded_dir)
 
     def encode(texts):
         return model.encode(list(texts), convert_to_numpy=True, show_progress_bar=False, batch_size=64)
@@ -420,10 +418,9 @@ def build_bc(names: list[str], encoded_dir: str, episodes: dict[str, dict], step
 
 def model_meta(uri: str) -> dict:
     """The critic's stored meta (render settings, lineage) without loading its encoder."""
-    from harnessrl import registry
     from harnessrl.model_files import load_critic_files
 
-    return load_critic_files(registry.resolve(uri)["path"] if uri.startswith("models:/") else uri)[1]
+    return load_critic_files(registry.resolve(uri).path)[1]
 
 
 # ---- diagnosis ---------------------------------------------------------------------------------
@@ -653,7 +650,7 @@ def run_rerank(engine, cfg: dict, seeds: dict, used: set, max_steps: int, ctx: d
 def run(args: argparse.Namespace) -> dict:
     import torch
 
-    from harnessrl.examples.twx import MAX_STEPS, _Engine
+    from harnessrl.examples.twx_expert import MAX_STEPS, _Engine
     from harnessrl.ray_runtime import init_ray
 
     t_start = time.time()
@@ -689,8 +686,7 @@ def run(args: argparse.Namespace) -> dict:
                      | ({"bc"} if rr and "agent+bc" in rr["scorers"] else set()))
     training = None
     if args.model:
-        model_uri = args.model if args.model.startswith("models:/") or os.path.isdir(args.model) \
-            else f"models:/{args.model}"
+        model_uri = registry.model_uri(args.model, "--model")
     elif need_model or (need_bc and not encoded):
         t0 = time.time()
         model_uri, out, summary = train_critic(args, work)

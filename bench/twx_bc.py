@@ -5,12 +5,11 @@ An MLP over [s, a, s*a, |s-a|] of the frozen MiniLM embeddings (the encode stage
 taken action against the step's logged candidates (the taken one plus up to
 `encoder.max_candidates` untaken ones, as the encode stage kept them). It scores in process:
 no service. At play time it renders the state with the pipeline's renderer and encodes texts
-with the same encoder (identity read from the encoded dataset's `_dataset.json`).
+with the same encoder (`load_bc_encoder`: the encoded dataset's own, checked against it).
 """
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -41,9 +40,16 @@ def load_rows(encoded_dir: str) -> dict[str, Any]:
     return {"episode_id": table.column("episode_id").to_pylist(), "s": s, "a": a, "c": c, "mask": mask, "dim": dim}
 
 
-def encoder_identity(encoded_dir: str) -> dict[str, Any]:
-    meta = json.loads((Path(encoded_dir) / "_dataset.json").read_text())
-    return meta.get("encoder", meta)
+def load_bc_encoder(encoded_dir: str):
+    """The encoder that made the encoded dataset's embeddings, loaded and checked against them:
+    BC learns on those vectors and scores live states with this encoder's."""
+    from harnessrl.encoded_data import check_identity, read_identity
+    from harnessrl.encoders import load_encoder
+
+    made_by = read_identity(encoded_dir)
+    model, loaded = load_encoder(made_by.model_name, None, made_by.max_seq_length, made_by.precision)
+    check_identity(encoded_dir, loaded, f"behaviour cloning on {encoded_dir}")
+    return model
 
 
 def bc_net(dim: int, hidden: int):

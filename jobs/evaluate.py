@@ -72,7 +72,7 @@ def _tool_metrics(critic, rows: list[dict]) -> dict[str, float]:
     """Entropy of the tool head's policy and how often its choice is not among the step's tools."""
     import torch
 
-    from harnessrl.features import tool_name
+    from harnessrl.tool_naming import tool_name
 
     if critic.tool_head is None:
         return {}

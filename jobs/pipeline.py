@@ -211,20 +211,19 @@ def train_only(cfg: PipelineConfig, resume: str | None = None) -> dict[str, Any]
     """
     import mlflow
 
+    from harnessrl import encoded_data
     from harnessrl.errors import DataError
-    from harnessrl.pipelines.encode import read_identity
 
     started = time.time()
     out, recipe, experiment_id = _start(cfg)
     encoded = storage.join(out, "encoded")
-    fs, path = storage.filesystem(storage.join(encoded, "_dataset.json"))
-    if fs.get_file_info(path).type.name == "NotFound":
+    if not encoded_data.exists(encoded):
         raise DataError(f"no encoded dataset at {encoded}: run `harnessrl run` on this pipeline first")
     if resume:
         fs, path = storage.filesystem(storage.join(out, "train", resume))
         if fs.get_file_info(path).type.name == "NotFound":
             raise DataError(f"no training run {resume!r} under {storage.join(out, 'train')} to resume")
-    encoder = json.loads(read_identity(encoded).to_json())
+    encoder = json.loads(encoded_data.read_identity(encoded).to_json())
     digests = lineage.run_digests(out, storage.digest_sources(storage.expand_sources(cfg.data.train)))
     summary: dict[str, Any] = {"pipeline": cfg.name, "output_dir": out, "resumed": resume}
     run_args = {"run_id": resume} if resume else {"experiment_id": experiment_id,

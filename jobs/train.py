@@ -404,7 +404,7 @@ def _tool_head_config(cfg: TrainConfig, tools: np.ndarray, state_dim: int,
         return None, vocab
     head = DiscreteConfig(state_dim=state_dim, n_actions=len(vocab), hidden_dim=cfg.hidden_dim, gamma=cfg.gamma,
                           expectile=cfg.expectile, polyak=cfg.polyak, lr=cfg.lr, method=cfg.tool_head,
-                          awr_beta=cfg.awr_beta, bf16=cfg.precision == "bf16")
+                          awr_beta=cfg.awr_beta, bf16=cfg.precision == "bfloat16")
     return head.to_dict(), vocab
 
 
@@ -433,10 +433,14 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
 
     from harnessrl import settings, storage
     from harnessrl.algorithms.iql import IQLConfig, IQLNetwork
+    from harnessrl.encoded_data import check_identity
+    from harnessrl.encoders import EncoderIdentity
     from harnessrl.model_files import save_critic, save_ood_reference
     from harnessrl.ood import fit_reference
     from harnessrl.training_state import load_network_weights
 
+    # the embeddings must be those of the encoder the critic will be saved with (and serve with)
+    check_identity(encoded_dir, EncoderIdentity.from_json(meta["encoder"]), f"training data {encoded_dir}")
     start = time.time()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     ds = ray.data.read_parquet(storage.join(encoded_dir, "data")).materialize()  # see the 2-CPU deadlock note
@@ -446,7 +450,7 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
     feature_dim = data["features"].shape[1] if cfg.features else 0
     iql = IQLConfig(state_dim=data["state_emb"].shape[1], action_dim=data["action_emb"].shape[1],
                     hidden_dim=cfg.hidden_dim, gamma=cfg.gamma, expectile=cfg.expectile, polyak=cfg.polyak,
-                    lr=cfg.lr, alpha=cfg.alpha, feature_dim=feature_dim, bf16=cfg.precision == "bf16")
+                    lr=cfg.lr, alpha=cfg.alpha, feature_dim=feature_dim, bf16=cfg.precision == "bfloat16")
     feature_stats = ([data["features"].mean(0).tolist(), data["features"].std(0).tolist()] if feature_dim
                      else None)
     cross = cfg.head == "cross"

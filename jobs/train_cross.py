@@ -136,7 +136,7 @@ def loop_config(cfg, encoder_name: str, feature_dim: int) -> dict[str, Any]:
     c = cfg.cross
     head = CrossConfig(layers=c.layers, max_length=c.max_length, hidden_dim=cfg.hidden_dim, gamma=cfg.gamma,
                        expectile=cfg.expectile, lr=cfg.lr, trunk_lr=c.trunk_lr, alpha=cfg.alpha,
-                       feature_dim=feature_dim, bf16=cfg.precision == "bf16")
+                       feature_dim=feature_dim, bf16=cfg.precision == "bfloat16")
     return {"head": "cross", "cross": head.to_dict(), "encoder_name": encoder_name, "batch_size": c.batch_size}
 
 

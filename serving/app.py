@@ -177,7 +177,7 @@ class CriticService:
 
     def _caches(self):
         slots = [("champion", self.champion)] + ([("challenger", self.challenger)] if self.challenger else [])
-        return [(role, slot.critic.cache_stats()) for role, slot in slots]
+        return [(role, slot.critic.lru.stats()) for role, slot in slots]
 
     @property
     def critic(self):
@@ -314,7 +314,7 @@ class CriticService:
                          challenger=self.challenger.ref if self.challenger else None,
                          challenger_share=self.challenger_share,
                          tools=critic.tool_vocab if critic.tool_head is not None else [],
-                         embedding_cache=critic.cache_stats(),
+                         embedding_cache=critic.lru.stats(),
                          encoder=critic.meta["encoder"], lineage=critic.meta.get("lineage", {}))
 
     @api.get("/healthz")
@@ -371,11 +371,9 @@ def encoder_plan(model_uri: str, cfg: ServeConfig):
     from harnessrl.errors import ModelError
     from harnessrl.model_files import CONFIG
 
-    path = model_uri
-    if model_uri.startswith("models:/"):
-        from harnessrl import registry
+    from harnessrl import registry
 
-        path = registry.resolve(model_uri)["path"]
+    path = registry.resolve(model_uri).path
     try:
         trained = EncoderIdentity.from_json(json.loads((Path(path) / CONFIG).read_text())["encoder"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -410,15 +408,14 @@ def app_builder(args: dict[str, Any]):
     application as `harnessrl serve` (build_app), with the same defaults: `model` NAME@ALIAS as a
     registry URI, the decision log under $HARNESSRL_HOME/decisions unless `decision_log` is set.
     `host` and `port` are not read here: in a config file they are the file's `http_options`."""
-    from harnessrl import settings
-    from harnessrl.cli import model_uri
+    from harnessrl import registry, settings
     from harnessrl.config import parse_serve
     from harnessrl.errors import ConfigError
 
     cfg = parse_serve(dict(args or {}), origin="Serve application args")
     if not cfg.model:
-        raise ConfigError("Serve application args: no `model` to serve (NAME@ALIAS, NAME/VERSION or models:/...)")
-    uri = model_uri(cfg.model)
+        raise ConfigError(f"Serve application args: no `model` to serve ({registry.FORMS})")
+    uri = registry.model_uri(cfg.model, "Serve application args: model")
     if cfg.decision_log is None:
         cfg = cfg.model_copy(update={"decision_log": str(settings.home() / "decisions")})
     return build_app(uri, cfg.model_copy(update={"model": uri}))

@@ -3,9 +3,9 @@ own, between the ingress and the critic (DESIGN §9).
 
 Critic replicas send it the texts their own LRU misses, one call per critic batch; concurrent
 calls are gathered by `@serve.batch`, each distinct text is encoded once, and embeddings are
-kept in an LRU keyed by a hash of the text (harnessrl.encoders.text_hash), so a state or
-candidate seen by any critic replica is not encoded again. On a GPU (`num_gpus > 0`) the weights
-are float16 unless `precision: float32`. The encoder it loads must be the one the served model
+kept in an LRU (harnessrl.embedding_lru) keyed by a hash of the text (harnessrl.encoders.text_hash),
+so a state or candidate seen by any critic replica is not encoded again. On a GPU (`num_gpus >
+0`) the weights are float16 unless `precision: float32` (harnessrl.precision.half_weights). The encoder it loads must be the one the served model
 was trained with: `build_app` checks the configuration against the model before anything starts,
 and this replica checks what it loaded against that identity (`EncoderIdentity.check_same`).
 """
@@ -16,11 +16,12 @@ import asyncio
 import logging
 import math
 import threading
-from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 from ray import serve
+
+from harnessrl.embedding_lru import EmbeddingLRU
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ class EncoderService:
 
         from harnessrl.config import ServeEncoderConfig
         from harnessrl.encoders import EncoderIdentity, load_encoder
+        from harnessrl.precision import half_weights
 
         self.cfg = cfg = ServeEncoderConfig.model_validate(config)
         torch.set_num_threads(max(1, math.floor(cfg.num_cpus)))
@@ -45,14 +47,14 @@ class EncoderService:
         self.model, loaded = load_encoder(name, self.device, max_seq_length, expected.precision)
         expected.check_same(loaded, "the encoder deployment (serve.encoder)")
         # float16 weights on a GPU, unless the model's vectors were made in bfloat16 (autocast then)
-        half = self.device == "cuda" and cfg.precision != "float32" and loaded.precision == "float32"
+        half = half_weights(cfg.precision, self.device == "cuda", loaded.precision)
         if half:
             self.model.half()
         self.identity = loaded
         self.precision = "float16" if half else loaded.precision
-        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self.lru = EmbeddingLRU(cfg.cache_size)  # by text hash
         self._lock = threading.Lock()
-        self.hits = self.misses = self.batches = self.calls = 0
+        self.batches = self.calls = 0
         self._encode.set_max_batch_size(cfg.max_batch_size)
         self._encode.set_batch_wait_timeout_s(cfg.batch_wait_timeout_s)
         from ray.serve import metrics as rm
@@ -65,8 +67,8 @@ class EncoderService:
         return self.identity.to_json()
 
     def stats(self) -> dict[str, Any]:
-        return {"hits": self.hits, "misses": self.misses, "size": len(self._cache), "batches": self.batches,
-                "calls": self.calls, "device": self.device, "precision": self.precision}
+        return {**self.lru.stats(), "batches": self.batches, "calls": self.calls, "device": self.device,
+                "precision": self.precision}
 
     async def encode(self, texts: list[str]) -> np.ndarray:
         """Embeddings (float32, one row per text, in order) of `texts`."""
@@ -76,33 +78,16 @@ class EncoderService:
         from harnessrl.encoders import text_hash
 
         keys = [[text_hash(t) for t in texts] for texts in calls]
-        with self._lock:
-            found: dict[str, np.ndarray] = {}
-            todo: dict[str, str] = {}  # hash -> text, each once
-            n = 0
-            for texts, hashes in zip(calls, keys):
-                for t, h in zip(texts, hashes):
-                    n += 1
-                    if h in found or h in todo:
-                        continue
-                    v = self._cache.get(h)
-                    if v is None:
-                        todo[h] = t
-                    else:
-                        found[h] = v
-                        self._cache.move_to_end(h)
-        if todo:  # outside the lock: another batch may look up meanwhile
+        found = self.lru.get_many([h for hashes in keys for h in hashes])
+        todo = {h: t for texts, hashes in zip(calls, keys) for t, h in zip(texts, hashes) if h not in found}
+        if todo:  # outside any lock: another batch may look up meanwhile
             fresh = self.model.encode(list(todo.values()), convert_to_numpy=True, show_progress_bar=False,
                                       batch_size=64)
-            fresh = np.asarray(fresh, dtype=np.float32)
-            found.update(zip(todo, fresh))
+            fresh = dict(zip(todo, np.asarray(fresh, dtype=np.float32)))
+            self.lru.put_many(fresh)
+            found.update(fresh)
+        n = sum(len(hashes) for hashes in keys)
         with self._lock:
-            for h in todo:
-                self._cache[h] = found[h]
-            while len(self._cache) > self.cfg.cache_size:
-                self._cache.popitem(last=False)
-            self.misses += len(todo)
-            self.hits += n - len(todo)
             self.batches += 1
             self.calls += len(calls)
         if n - len(todo):

@@ -36,7 +36,7 @@ class ModelSlot:
         from harnessrl.critic import Critic
 
         critic = Critic.load(self.uri, with_encoder=self.identity is None)
-        critic.cache_size = self.cache_size
+        critic.lru.size = self.cache_size
         if self.identity is not None:
             critic.identity.check_same(self.identity, f"model {self.uri} (version {critic.version}) served with "
                                        "the encoder deployment (serve.encoder)")

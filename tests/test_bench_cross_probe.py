@@ -4,6 +4,8 @@ groups apart, the figures add up, and both scorers run with the real MiniLM."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -50,6 +52,30 @@ def test_close_calls_are_choices_among_one_verb(probe):
     assert probe.accuracy([step(["move east", "move west"], "move east") | {"family": "coin"},
                            step(["take coin", "look"], "look") | {"family": "coin"}], [1.0, 0.0]) == {
         "all": 0.5, "close": 1.0, "families": {"coin": {"accuracy": 0.5, "steps": 2, "close": 1.0, "close_steps": 1}}}
+
+
+def test_close_calls_need_none_of_the_platform_dependencies():
+    """On a GPU machine with torch and sentence-transformers only: the probe imports, and names
+    verbs by the platform's own rule (harnessrl.tool_naming), with pydantic, Ray and MLflow absent."""
+    code = """
+import sys
+class Absent:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"pydantic", "ray", "mlflow"}:
+            raise ImportError(f"{name} is not installed here")
+sys.meta_path.insert(0, Absent())
+sys.path.insert(0, "bench")
+import cross_probe
+from harnessrl.tool_naming import tool_name
+print(cross_probe.close_call({"candidates": ["  Put 3kg in box", "put(5kg)", "look"], "gold": 0}),
+      tool_name("  Put 3kg in box", "first_word"), sorted(m for m in sys.modules if m.startswith("harnessrl")))
+"""
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    # "put(5kg)" is the verb "put" too: the first word stops at "(", as the transitions stage names it
+    assert out.stdout.split()[:2] == ["True", "put"]
+    assert "harnessrl.tool_naming" in out.stdout and "harnessrl.features" not in out.stdout
 
 
 def test_tiny_run_end_to_end(probe, tmp_path):

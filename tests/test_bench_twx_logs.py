@@ -45,7 +45,7 @@ def test_overrides_train_the_critic_on_the_given_logs(tmp_path):
 def test_seeds_of_the_given_logs_stay_out_of_the_tiers(tmp_path):
     """A seed the extra logs used is never drawn for a tier; the bundled logs' seeds neither."""
     twx = import_bench("twx")
-    from harnessrl.examples.twx import _Engine
+    from harnessrl.examples.twx_expert import _Engine
 
     engine = _Engine()
     try:

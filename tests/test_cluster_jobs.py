@@ -37,7 +37,7 @@ def test_submit_runs_the_pipeline_across_both_nodes(cluster, sample_slice, tmp_p
         "output_dir": str(tmp_path / "run"),
         "data": {"train": [str(sample_slice["train"])]},
         "render": {"window": 3, "max_chars": 1500, "tool_from": "first_word"},
-        # encoder actors spread across nodes (encode.py); the train workers by configuration
+        # encoder actors spread across nodes (encode_pool.py); the train workers by configuration
         "encoder": {"batch_size": 32, "max_seq_length": 128, "actors": 2},
         "train": {"steps": 40, "batch_size": 64, "checkpoint_every": 20, "log_every": 20, "num_workers": 2,
                   "placement_strategy": "SPREAD"},

@@ -35,9 +35,9 @@ def critic():
 def test_repeated_texts_come_from_the_cache(critic):
     enc = critic._encoder
     first = critic.encode(["a kitchen", "take coin", "a kitchen"])
-    assert enc.texts == 2 and critic.cache_misses == 2 and critic.cache_hits == 1
+    assert enc.texts == 2 and critic.lru.misses == 2 and critic.lru.hits == 1
     again = critic.encode(["take coin", "a kitchen"])
-    assert enc.texts == 2 and critic.cache_hits == 3
+    assert enc.texts == 2 and critic.lru.hits == 3
     assert np.array_equal(again[0], first[1]) and np.array_equal(again[1], first[0])
     fresh = enc.model.encode(["take coin"], convert_to_numpy=True)
     assert np.allclose(again[0], fresh[0], atol=1e-5)
@@ -45,7 +45,7 @@ def test_repeated_texts_come_from_the_cache(critic):
 
 def test_cache_is_bounded_least_recently_used_first(critic):
     critic.encode(["t1", "t2", "t3", "t4", "t5"])
-    assert len(critic._cache) == 4 and "t1" not in critic._cache and "t5" in critic._cache
+    assert len(critic.lru) == 4 and "t1" not in critic.lru and "t5" in critic.lru
     before = critic._encoder.texts
     critic.score({"task": "t", "history": [], "observation": "o"}, ["t5", "t4"])
     assert critic._encoder.texts == before + 1  # only the rendered state was new
@@ -59,13 +59,13 @@ def test_given_embeddings_fill_misses_and_a_critic_without_encoder_needs_them(cr
     enc = critic._encoder
     state = {"task": "t", "history": [{"action": "go", "observation": "a hall"}], "observation": "a hall"}
     prep = critic.prepare([(state, ["look", "go"])])
-    critic._cache.clear()
+    critic.lru.clear()
     missing = critic.uncached(prep.texts)
     assert missing == prep.texts and len(missing) == 3
     given = dict(zip(missing, enc.model.encode(missing, convert_to_numpy=True)))
-    before, misses = enc.texts, critic.cache_misses
+    before, misses = enc.texts, critic.lru.misses
     scores, ood = critic.score_prepared(prep, given=given, ood=True)
-    assert enc.texts == before and critic.cache_misses == misses + 3 and ood == [None]
+    assert enc.texts == before and critic.lru.misses == misses + 3 and ood == [None]
     assert critic.uncached(prep.texts) == []
     assert np.allclose(scores[0], critic.score(state, ["look", "go"]), atol=1e-6)
 

@@ -21,7 +21,8 @@ import pytest
 from conftest import table as _table
 from harnessrl.config import EncoderConfig, parse_pipeline
 from harnessrl.embedding_cache import EmbeddingCache, bucket_of
-from harnessrl.encoders import EncoderIdentity, encoder_identity, load_encoder, text_hash
+from harnessrl.encoded_data import check_identity, read_meta
+from harnessrl.encoders import ENCODER_KEY, EncoderIdentity, encoder_identity, load_encoder, text_hash
 from harnessrl.errors import ConfigError, ModelError
 from harnessrl.transitions import untaken_candidates
 
@@ -61,7 +62,8 @@ class _Lines(logging.Handler):
 @pytest.fixture(scope="module")
 def first_run(transitions, work, s3_cache):
     """float16 columns, the cache on S3 (empty at first); a progress line every 0.5 s, kept."""
-    from harnessrl.pipelines.encode import encode, log
+    from harnessrl.pipelines.encode import encode
+    from harnessrl.pipelines.encode_progress import log
 
     cfg = EncoderConfig(batch_size=32, max_seq_length=128, dtype="float16", cache=s3_cache, block_texts=128)
     handler, level = _Lines(), log.level
@@ -128,7 +130,7 @@ def test_progress_lines_count_up_to_the_texts_encoded(first_run):
 
 
 def test_progress_line_before_and_after_the_scan():
-    from harnessrl.pipelines.encode import progress_line
+    from harnessrl.pipelines.encode_progress import progress_line
 
     assert progress_line(512, 2000, 1, 3, 10.0) == \
         "encode: 512 texts encoded of 2,000 found so far (scanned 1/3 files), 51 texts/s"
@@ -151,7 +153,7 @@ def test_rerun_takes_everything_from_the_cache(first_run, work):
     b = _table(work["dir"] / "enc16-again" / "data").sort_by([("episode_id", "ascending"), ("step_idx", "ascending")])
     for col in ("state_emb", "action_emb", "next_state_emb", "candidate_emb"):
         assert a.column(col).equals(b.column(col))
-    meta = json.loads((work["dir"] / "enc16-again" / "_dataset.json").read_text())
+    meta = read_meta(str(work["dir"] / "enc16-again"))
     assert meta["texts_cached"] == first.texts_distinct and meta["cache"].startswith("s3://")
 
 
@@ -185,7 +187,10 @@ def test_cached_and_seen_texts_never_reach_the_model(tmp_path):
     claims back. (Blocks are not sorted by length: each actor sorts its own block, see
     `length_batches`.) An encoder actor that receives nothing loads no model."""
     from harnessrl.embedding_cache import BUCKETS, emb_array
-    from harnessrl.pipelines.encode import _Encoder, _Registry, _scan, plan_pool
+    from harnessrl.pipelines.encode_actor import _Encoder
+    from harnessrl.pipelines.encode_claims import _Registry
+    from harnessrl.pipelines.encode_pool import plan_pool
+    from harnessrl.pipelines.encode_scan import _scan
 
     identity = encoder_identity(max_seq_length=128)
     cache = EmbeddingCache(str(tmp_path / "cache"), identity, "float32").open()
@@ -241,19 +246,20 @@ def test_cache_roundtrip_local_and_s3(tmp_path, s3):
 
 def test_attach_in_tasks_equals_attach_in_driver(encoded, work, tmp_path):
     """A small corpus is attached by the driver, a large one by Ray tasks: the same files either way."""
-    from harnessrl.pipelines.encode import _index, _input_files, attach_all
+    from harnessrl.pipelines.encode_attach import _index, attach_all
+    from harnessrl.pipelines.encode_scan import _input_files
 
     src = str(work["dir"] / "transitions")
     files = _input_files(src)
     assert len(files) > 1
     index = _index(str(work["dir"] / "encoded" / "_texts"), "float32", 384)
-    meta = {b"harnessrl.encoder": b"{}"}
+    meta = {ENCODER_KEY: b"{}"}
     written = {mode: attach_all(files, src, str(tmp_path / mode), index, 16, meta, in_driver=mode == "driver")
                for mode in ("driver", "tasks")}
     assert written["driver"] == written["tasks"] == encoded.rows
     for name in sorted(p.name for p in (tmp_path / "driver").iterdir()):
         here, there = pq.read_table(tmp_path / "driver" / name), pq.read_table(tmp_path / "tasks" / name)
-        assert here.equals(there) and here.schema.metadata[b"harnessrl.encoder"] == b"{}"
+        assert here.equals(there) and here.schema.metadata[ENCODER_KEY] == b"{}"
     ref = _table(work["dir"] / "encoded" / "data")
     assert ref.equals(_table(tmp_path / "driver").select(ref.column_names))  # as the stage wrote them
 
@@ -266,7 +272,8 @@ def test_identity_from_files_matches_loaded_model(model):
 
 
 def test_encoder_mismatch_is_a_clear_error(encoded, work, tmp_path, model):
-    from harnessrl.pipelines.encode import _Encoder, check_identity, plan_pool
+    from harnessrl.pipelines.encode_actor import _Encoder
+    from harnessrl.pipelines.encode_pool import plan_pool
 
     _, identity = model
     check_identity(encoded.out_dir, identity)  # the right encoder passes
@@ -274,7 +281,7 @@ def test_encoder_mismatch_is_a_clear_error(encoded, work, tmp_path, model):
     with pytest.raises(ModelError, match="max_seq_length: 128 vs 64"):
         check_identity(encoded.out_dir, other)
     meta = pads.dataset(str(work["dir"] / "encoded" / "data"), format="parquet").schema.metadata
-    assert EncoderIdentity.from_json(meta[b"harnessrl.encoder"].decode()) == identity  # travels with the Parquet files
+    assert EncoderIdentity.from_json(meta[ENCODER_KEY].decode()) == identity  # travels with the Parquet files
 
     # a cache folder that holds another encoder's vectors
     cache = EmbeddingCache(str(tmp_path / "c"), identity, "float32").open()
@@ -292,7 +299,8 @@ def test_encoder_mismatch_is_a_clear_error(encoded, work, tmp_path, model):
 def test_cpu_precision_is_part_of_the_identity(encoded, work, model):
     """The opt-in bfloat16 CPU encoder: close to float32 vectors, but another identity, so an
     encoded dataset, cache or actor of one precision is never taken for another."""
-    from harnessrl.pipelines.encode import _Encoder, check_identity, plan_pool
+    from harnessrl.pipelines.encode_actor import _Encoder
+    from harnessrl.pipelines.encode_pool import plan_pool
 
     fp32, identity = model
     texts = _table(work["dir"] / "transitions").column("state_text").to_pylist()[:48]
@@ -353,7 +361,7 @@ def test_bfloat16_hint_only_where_the_cpu_has_it(monkeypatch, caplog, model):
     import copy
 
     from harnessrl import encoders
-    from harnessrl.pipelines.encode import bf16_hint
+    from harnessrl.pipelines.encode_pool import bf16_hint
 
     assert encoders.native_bf16("processor\t: 0\nflags\t\t: fpu sse2 avx512f avx512_bf16 avx512_vnni\n")
     assert encoders.native_bf16("flags : fpu avx512f amx_bf16 amx_tile\n")
@@ -372,7 +380,7 @@ def test_bfloat16_hint_only_where_the_cpu_has_it(monkeypatch, caplog, model):
 
 # ---- batching and pool planning -----------------------------------------------------------------
 def test_length_batches_group_similar_lengths():
-    from harnessrl.pipelines.encode import length_batches
+    from harnessrl.pipelines.encode_actor import length_batches
 
     rng = np.random.default_rng(0)
     lengths = np.concatenate([rng.integers(5, 40, 500), rng.integers(400, 1500, 300)])
@@ -389,7 +397,7 @@ def test_length_batches_group_similar_lengths():
 
 
 def test_pool_plan_fits_small_machines():
-    from harnessrl.pipelines.encode import cpu_budget, plan_pool
+    from harnessrl.pipelines.encode_pool import cpu_budget, plan_pool
 
     two = {"CPU": 2.0, "memory": 14 * GiB}
     p = plan_pool(EncoderConfig(), two)
@@ -409,7 +417,7 @@ def test_pool_plan_fits_small_machines():
 def test_pool_plan_budgets_each_node():
     """Configuration only: 1.25-CPU actors fit a 16-CPU cluster as a whole, but on eight 2-CPU
     nodes each would leave 0.75 CPU, and Ray Data's 1-CPU ListFiles/read tasks never start."""
-    from harnessrl.pipelines.encode import plan_pool
+    from harnessrl.pipelines.encode_pool import plan_pool
 
     nodes = [{"CPU": 2.0, "memory": 8 * GiB} for _ in range(8)]
     cluster = {"CPU": 16.0, "memory": 64 * GiB}
@@ -439,7 +447,7 @@ def test_gpu_options_validated_on_cpu(ray_local):
     """Configuration only: no GPU is used."""
     import ray
 
-    from harnessrl.pipelines.encode import plan_pool
+    from harnessrl.pipelines.encode_pool import plan_pool
 
     with pytest.raises(ConfigError, match="has 0 GPU"):
         plan_pool(EncoderConfig(gpus_per_actor=1), {"CPU": 2.0, "memory": 14 * GiB})

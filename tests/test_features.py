@@ -11,9 +11,10 @@ import torch
 from harnessrl.algorithms.iql import IQLConfig, IQLNetwork
 from harnessrl.critic import best_allowed
 from harnessrl.features import (FEATURE_NAMES, OTHER_TOOL, action_features, features_for, repeats_here, tool_ids,
-                                tool_name, tool_vocabulary)
+                                tool_vocabulary)
 from harnessrl.render import Turn, parse_request_state
 from harnessrl.rewards import RewardRecipe
+from harnessrl.tool_naming import tool_name
 from harnessrl.transitions import episode_transitions, untaken_candidates
 
 L = math.log1p

@@ -55,7 +55,7 @@ def test_transitions_chain_states(transitions, ingested, work):
 
 
 def test_encode_once_per_distinct_text(encoded, work):
-    from harnessrl.pipelines.encode import read_identity
+    from harnessrl.encoded_data import read_identity
 
     rows = _table(work["dir"] / "encoded" / "data")
     texts = _table(work["dir"] / "encoded" / "_texts")

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.integration
 def test_checkpoints_go_to_s3_and_resume_from_there(encoded, work, s3, tmp_path):
     from harnessrl.config import TrainConfig
     from harnessrl.jobs.train import train
-    from harnessrl.pipelines.encode import read_identity
+    from harnessrl.encoded_data import read_identity
 
     storage_dir = f"s3://{s3['bucket']}/runs/train"
     meta = {"encoder": json.loads(read_identity(encoded.out_dir).to_json())}

@@ -11,21 +11,12 @@ import argparse
 import json
 import logging
 import sys
-from pathlib import Path
 from typing import Any
 
+from harnessrl import registry
 from harnessrl.errors import ConfigError, HarnessError
 
 log = logging.getLogger("harnessrl")
-
-
-def model_uri(spec: str) -> str:
-    """`NAME@ALIAS`, `NAME/VERSION`, `models:/...` or a local critic folder."""
-    if spec.startswith("models:/") or Path(spec).exists():
-        return spec
-    if "@" in spec or "/" in spec:
-        return f"models:/{spec}"
-    raise ConfigError(f"--model {spec!r}: expected NAME@ALIAS, NAME/VERSION, models:/... or a critic folder")
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -128,7 +119,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from harnessrl.ray_runtime import init_ray
 
     init_ray(args.address)
-    r = evaluate(model_uri(args.model), args.data, args.format, args.out, args.max_steps,
+    r = evaluate(registry.model_uri(args.model, "--model"), args.data, args.format, args.out, args.max_steps,
                  log_to_mlflow=not args.no_mlflow, include_seen=args.include_seen)
     if args.json:
         print(json.dumps(r.summary(), indent=2, default=str))
@@ -159,15 +150,16 @@ def _serve_config(args: argparse.Namespace):
     """serve.yaml (if given), then --set, then the explicit flags: one ServeConfig, validated."""
     from harnessrl.config import load_serve
 
-    fields = {"model": model_uri(args.model) if args.model else None, "host": args.host, "port": args.port,
+    fields = {"model": registry.model_uri(args.model, "--model") if args.model else None, "host": args.host,
+              "port": args.port,
               "max_batch_size": args.max_batch_size, "max_queued_requests": args.max_queued_requests,
-              "challenger": model_uri(args.challenger) if args.challenger else None,
+              "challenger": registry.model_uri(args.challenger, "--challenger") if args.challenger else None,
               "challenger_share": args.challenger_share, "reload_every_s": args.reload_every_s,
               "decision_log": args.decision_log}
     cfg = load_serve(args.config, args.set, fields)
     if cfg.model is None:
         raise ConfigError("no model to serve: give --model or set `model` in the --config file")
-    return cfg.model_copy(update={"model": model_uri(cfg.model)})
+    return cfg.model_copy(update={"model": registry.model_uri(cfg.model, "serve model")})
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -224,7 +216,7 @@ def cmd_score(args: argparse.Namespace) -> int:
             state = json.loads(args.state)
         except ValueError as exc:
             raise ConfigError(f"--state looks like JSON but does not parse: {exc}") from None
-    critic = Critic.load(model_uri(args.model))
+    critic = Critic.load(registry.model_uri(args.model, "--model"))
     d = critic.decide(state, args.candidate)
     print(json.dumps({"scores": d.scores, "best_index": d.best_index, "best": args.candidate[d.best_index],
                       "fallback": d.fallback, "reason": d.reason,
@@ -261,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     ing.set_defaults(fn=cmd_ingest)
 
     ev = sub.add_parser("evaluate", help="offline metrics and a diagnosis report of a critic on held-out logs")
-    ev.add_argument("--model", required=True, help="NAME@ALIAS, NAME/VERSION, models:/... or a critic folder")
+    ev.add_argument("--model", required=True, help=registry.FORMS)
     ev.add_argument("--data", nargs="+", required=True, help="held-out logs: files, dirs, globs, s3://, builtin:")
     ev.add_argument("--format", default="auto",
                     choices=["native", "openai-chat", "openai-responses", "anthropic", "atif", "auto"])
@@ -295,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", help="serve config YAML (e.g. serving/serve.yaml), validated by ServeConfig")
     serve.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config value (e.g. autoscaling.max_replicas=4)")
-    serve.add_argument("--model", help="NAME@ALIAS, NAME/VERSION, models:/... or a critic folder")
+    serve.add_argument("--model", help=registry.FORMS)
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.add_argument("--max-batch-size", type=int)
@@ -310,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(fn=cmd_serve)
 
     score = sub.add_parser("score", help="score candidates for one state, in-process")
-    score.add_argument("--model", required=True)
+    score.add_argument("--model", required=True, help=registry.FORMS)
     score.add_argument("--state", required=True, help="rendered text, or JSON {task, history, observation}")
     score.add_argument("--candidate", action="append", default=[])
     score.set_defaults(fn=cmd_score)

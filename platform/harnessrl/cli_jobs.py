@@ -30,11 +30,10 @@ FORWARDED_ENV = ("MLFLOW_TRACKING_URI", "HARNESSRL_HOME", "AWS_ENDPOINT_URL", "A
 
 # ---- lineage --------------------------------------------------------------------------------------
 def cmd_lineage(args: argparse.Namespace) -> int:
-    from harnessrl import lineage
-    from harnessrl.cli import model_uri
+    from harnessrl import lineage, registry
 
-    uri = model_uri(args.model)
-    if not uri.startswith("models:/"):
+    uri = registry.model_uri(args.model, "lineage")
+    if not registry.in_registry(uri):
         raise ConfigError(f"{args.model!r}: lineage is kept in the registry; give NAME@ALIAS or NAME/VERSION")
     chain = lineage.chain(uri)
     if args.verify:

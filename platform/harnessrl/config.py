@@ -7,12 +7,19 @@ file scales out by changing values (workers, GPUs, s3:// paths), never code.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from harnessrl.errors import ConfigError
+from harnessrl.precision import Compute, Precision, identity_precision, normalise
+from harnessrl.tool_naming import ToolFrom
+
+
+def _named(allowed):
+    """A precision setting: the names of harnessrl.precision, its aliases (bf16, fp32) accepted."""
+    return Annotated[allowed, BeforeValidator(normalise)]
 
 
 class _Strict(BaseModel):
@@ -33,7 +40,7 @@ class RenderConfig(_Strict):
 
     window: int = Field(4, ge=0)
     max_chars: int = Field(2000, ge=200)
-    tool_from: Literal["calls", "first_word"] = Field(
+    tool_from: ToolFrom = Field(
         "calls", description="an action's tool: `name(...)` tool calls, or the first word (text games)")
     max_tokens: int | None = Field(
         None, ge=16, description="token budget of a state, counted with the encoder's tokenizer: the oldest "
@@ -50,7 +57,7 @@ class RenderConfig(_Strict):
 class EncoderConfig(_Strict):
     """The encode stage: a Ray Data actor pool running a sentence-transformers model.
 
-    The pool adapts to the cluster at stage start (see `pipelines/encode.py: plan_pool`):
+    The pool adapts to the cluster at stage start (see `pipelines/encode_pool.py: plan_pool`):
     actors that do not fit beside the stage's read tasks are dropped or given a smaller CPU
     share, never left waiting; GPU options are checked against the cluster there too."""
 
@@ -64,7 +71,7 @@ class EncoderConfig(_Strict):
     cpus_per_actor: float = Field(0.5, gt=0)
     gpus_per_actor: float = Field(0.0, ge=0, description="0: CPU actors; 1: one GPU each; 0.25: four share a GPU "
                                                           "(small models like MiniLM: one actor cannot keep a GPU busy)")
-    precision: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+    precision: _named(Literal["auto", Precision]) = Field(
         "auto", description="model compute: auto = float16 on GPU actors, float32 on CPU actors. Opt-in: bfloat16 "
                             "(autocast; 1.8-2.4x faster on CPUs with AVX512-BF16/AMX), part of the encoder "
                             "identity, so its vectors are never mixed with float32 ones (caches, critics) and a "
@@ -96,9 +103,8 @@ class EncoderConfig(_Strict):
 
     @property
     def identity_precision(self) -> str:
-        """The precision named in the encoder identity: bfloat16 when asked, else float32 (GPU
-        actors' float16 stays within float32's identity: at most 3e-4 apart)."""
-        return "bfloat16" if self.precision == "bfloat16" else "float32"
+        """The precision named in the encoder identity (harnessrl.precision.identity_precision)."""
+        return identity_precision(self.precision)
 
 
 class CrossHeadConfig(_Strict):
@@ -134,8 +140,9 @@ class TrainConfig(_Strict):
                            "the critic's advantage), iql / cql (a discrete Q over tools of its own, then AWR)")
     max_tools: int = Field(64, ge=2, description="tool vocabulary cap; rarer tools share the last slot")
     awr_beta: float = Field(3.0, gt=0, description="AWR inverse temperature of the tool policy")
-    precision: Literal["fp32", "bf16"] = Field(
-        "fp32", description="bf16: forward passes under bfloat16 autocast (faster on GPUs and AVX512-BF16 CPUs)")
+    precision: _named(Compute) = Field(
+        "float32", description="bfloat16 (or bf16): forward passes under bfloat16 autocast (faster on GPUs and "
+                               "AVX512-BF16 CPUs, less exact)")
     num_workers: int = Field(2, ge=1)
     cpus_per_worker: float = Field(0.5, gt=0)
     gpus_per_worker: float = Field(0.0, ge=0)
@@ -194,7 +201,7 @@ class ServeEncoderConfig(_Strict):
     replicas: int = Field(1, ge=1)
     num_cpus: float = Field(0.5, ge=0, description="CPUs reserved per encoder replica (torch threads: max(1, floor))")
     num_gpus: float = Field(0.0, ge=0, le=1, description="GPUs per encoder replica (a fraction shares one)")
-    precision: Literal["auto", "float32", "float16"] = Field(
+    precision: _named(Literal["auto", "float32", "float16"]) = Field(
         "auto", description="encoder weights on a GPU: auto = float16 (a model whose vectors were made in "
                             "bfloat16 runs under bfloat16 autocast instead); on CPU the model's own precision")
     max_batch_size: int = Field(64, ge=1, description="critic batches per encoder call")

@@ -1,6 +1,6 @@
 """The public critic: load a trained model, score candidate actions for a state.
 
-    critic = Critic.load("models:/harnessrl-critic@champion")   # or a local critic folder
+    critic = Critic.load("harnessrl-critic@champion")   # or NAME/VERSION, models:/..., a critic folder
     critic.score("Task: ...\\nNow: ...", ["open door", "go north"])  # -> [q0, q1]
 
 Scores are Q(s, a) in reward units (higher is better). `decide` adds the best index and the
@@ -13,13 +13,14 @@ history features (how often a candidate was already tried, ...) are computed fro
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
+from harnessrl import registry
+from harnessrl.embedding_lru import EmbeddingLRU
 from harnessrl.encoders import EncoderIdentity, load_encoder
 from harnessrl.errors import ModelError
 from harnessrl.features import features_for, repeats_here
@@ -75,29 +76,19 @@ class Critic:
         self.render = meta.get("render", {"window": 4, "max_chars": 2000})
         self._torch = torch
         self._encoder = encoder
-        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
-        self._lock = threading.Lock()  # the LRU is shared by the service's worker threads
-        self.cache_size = cache_size
-        self.cache_hits = self.cache_misses = 0
+        self.lru = EmbeddingLRU(cache_size)  # by text
+        self._lock = threading.Lock()  # one encoder call at a time: the service's worker threads share it
 
     @classmethod
     def load(cls, uri: str | Path, device: str | None = None, with_encoder: bool = True) -> "Critic":
-        """From `models:/NAME@ALIAS`, `models:/NAME/VERSION` or a local critic folder; `device`
-        (e.g. "cuda") is where the encoder and a cross head's trunk run (default: a GPU when one is visible).
+        """From a registry model (`NAME@ALIAS`, `NAME/VERSION`, `models:/...`) or a local critic
+        folder (`registry.resolve`); `device` (e.g. "cuda") is where the encoder and a cross
+        head's trunk run (default: a GPU when one is visible).
 
         `with_encoder=False` loads no sentence encoder: every embedding must then be given to
         `encode` (the service's encoder deployment computes them)."""
-        name = version = None
-        uri = str(uri)
-        if uri.startswith("models:/"):
-            from harnessrl import registry
-
-            found = registry.resolve(uri)
-            path, name, version = found["path"], found["name"], found["version"]
-        else:
-            path = uri
-            if not Path(path).exists():
-                raise ModelError(f"no critic at {path}")
+        found = registry.resolve(uri)
+        uri, path, name, version = found.uri, found.path, found.name, found.version
         net, meta = load_critic_files(path, device)
         encoder = None
         if with_encoder:
@@ -109,50 +100,32 @@ class Critic:
 
     def encode(self, texts: Sequence[str], given: dict[str, np.ndarray] | None = None) -> np.ndarray:
         """Embeddings of `texts`; repeated texts (agents resend the same task, states and candidates)
-        come from an LRU cache of `cache_size` entries instead of the encoder. `given` holds
+        come from the LRU (`lru`, `cache_size` entries) instead of the encoder. `given` holds
         embeddings computed elsewhere (the service's encoder deployment): they fill the misses
         they cover and enter the cache like freshly encoded ones."""
         texts = list(texts)
         if not texts:
             return np.zeros((0, self.identity.dim), np.float32)
         with self._lock:
-            found = {t: self._cache.get(t) for t in dict.fromkeys(texts)}
-            missing = [t for t, v in found.items() if v is None]
+            found = self.lru.get_many(texts)
+            missing = [t for t in dict.fromkeys(texts) if t not in found]
             if missing:
-                rest = [t for t in missing if not given or t not in given]
-                for t in missing:
-                    if given and t in given:
-                        found[t] = given[t]
+                new = {t: given[t] for t in missing if given and t in given}
+                rest = [t for t in missing if t not in new]
                 if rest:
                     if self._encoder is None:
                         raise ModelError(f"critic {self.name}: {len(rest)} text(s) neither cached nor given, and "
                                          "no encoder loaded here")
                     fresh = self._encoder.encode(rest, convert_to_numpy=True, show_progress_bar=False, batch_size=64)
-                    found.update(zip(rest, fresh))
-            self.cache_hits += len(texts) - len(missing)
-            self.cache_misses += len(missing)
-            if self.cache_size > 0:
-                for t, v in found.items():
-                    self._cache[t] = v
-                    self._cache.move_to_end(t)
-                while len(self._cache) > self.cache_size:
-                    self._cache.popitem(last=False)
+                    new.update(zip(rest, fresh))
+                self.lru.put_many(new)
+                found.update(new)
         return np.stack([found[t] for t in texts])
 
     def uncached(self, texts: Sequence[str]) -> list[str]:
         """The distinct texts of `texts` the LRU does not hold (those it holds become the most
         recent, so that they are still there when `encode` runs next)."""
-        with self._lock:
-            out = []
-            for t in dict.fromkeys(texts):
-                if t in self._cache:
-                    self._cache.move_to_end(t)
-                else:
-                    out.append(t)
-            return out
-
-    def cache_stats(self) -> dict[str, int]:
-        return {"hits": self.cache_hits, "misses": self.cache_misses, "size": len(self._cache)}
+        return self.lru.uncached(texts)
 
     def parse_state(self, state: State) -> RequestState:
         return parse_request_state(state, self.render["window"], self.render["max_chars"],

@@ -30,7 +30,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from harnessrl import storage
-from harnessrl.encoders import EncoderIdentity, text_hash
+from harnessrl.encoders import ENCODER_KEY, EncoderIdentity, text_hash
 from harnessrl.errors import ConfigError, ModelError
 
 BUCKETS = 16
@@ -181,7 +181,7 @@ class EmbeddingCache:
         run = run or uuid.uuid4().hex[:12]
         buckets = np.array([bucket_of(h, self.buckets) for h in hashes.to_pylist()])
         schema = pa.schema([("text_hash", pa.string()), ("emb", self.type)],
-                           metadata={b"harnessrl.encoder": self.identity.to_json().encode(),
+                           metadata={ENCODER_KEY: self.identity.to_json().encode(),
                                      b"harnessrl.dtype": self.dtype.encode()})
         for bucket in np.unique(buckets):
             rows = pa.array(np.flatnonzero(buckets == bucket))

@@ -15,15 +15,13 @@ from functools import lru_cache
 from pathlib import Path
 
 from harnessrl.errors import ConfigError, ModelError
+from harnessrl.precision import COMPUTE, normalise
 from harnessrl.settings import apply_offline_env
 
 log = logging.getLogger(__name__)
 
 BUILTIN_MINILM = "builtin:all-MiniLM-L6-v2"
-# compute precisions of an encoder (part of its identity): float32, bfloat16 (autocast of the
-# transformer; pooling and normalisation in float32). int8 dynamic quantization of the Linear layers
-# was measured and left out: 1.9x faster but cosine to float32 only 0.89 (min) / 0.94 (mean).
-PRECISIONS = ("float32", "bfloat16")
+ENCODER_KEY = b"harnessrl.encoder"  # the identity in the schema metadata of Parquet files of embeddings
 
 
 @dataclass(frozen=True)
@@ -142,7 +140,7 @@ def encoder_identity(name: str = BUILTIN_MINILM, max_seq_length: int | None = No
     """The identity `load_encoder(name, max_seq_length=..., precision=...)` would report, read
     from the model's files when possible (no weights loaded: the driver of a Ray job stays
     small), else by loading the model once."""
-    _check_precision(precision)
+    precision = _check_precision(precision)
     path = resolve_model_path(name)
     found = _identity_from_files(name, path, max_seq_length)
     if found is None:
@@ -168,9 +166,12 @@ def cpu_has_native_bf16() -> bool:
         return False
 
 
-def _check_precision(precision: str) -> None:
-    if precision not in PRECISIONS:
-        raise ConfigError(f"encoder precision {precision!r}: use one of {', '.join(PRECISIONS)}")
+def _check_precision(precision: str) -> str:
+    """An identity's compute precision (harnessrl.precision.COMPUTE; aliases such as bf16 normalised)."""
+    name = normalise(precision)
+    if name not in COMPUTE:
+        raise ConfigError(f"encoder precision {precision!r}: use one of {', '.join(COMPUTE)}")
+    return name
 
 
 def _bf16_autocast(module) -> None:
@@ -195,7 +196,7 @@ def set_precision(model, precision: str, device: str | None = None):
     """Apply a compute precision of the identity to a loaded float32 model (in place); returns it.
     bfloat16 (opt-in: encoder.precision: bfloat16) is for CPUs that have it natively; a GPU computes
     it as well, so a critic trained on such vectors serves on either."""
-    _check_precision(precision)
+    precision = _check_precision(precision)
     if precision == "float32":
         return model
     on_cpu = str(device or getattr(model, "device", "cpu")).startswith("cpu")
@@ -216,7 +217,7 @@ def load_encoder(name: str = BUILTIN_MINILM, device: str | None = None, max_seq_
     `precision` (float32 or bfloat16 autocast): vectors of another precision differ
     slightly, and caches and consumers must not mix them.
     """
-    _check_precision(precision)
+    precision = _check_precision(precision)
     apply_offline_env()
     import transformers
     from sentence_transformers import SentenceTransformer

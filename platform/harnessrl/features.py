@@ -1,4 +1,5 @@
-"""History features of a (state, candidate action) pair, and the tool an action calls.
+"""History features of a (state, candidate action) pair, and the tool vocabulary (the tool an
+action calls: harnessrl.tool_naming).
 
 Agents loop: the same action from the same situation, again and again. A rendered state
 cannot say how often something was already tried, so the critic also reads a few numbers
@@ -10,24 +11,13 @@ the request's history) compute them with this one module and get identical input
 from __future__ import annotations
 
 import math
-import re
 from typing import Any, Sequence
 
 from harnessrl.render import Turn
 from harnessrl.rewards import tool_names
+from harnessrl.tool_naming import tool_name
 
 FEATURE_NAMES = ("times_taken", "times_taken_here", "steps_since_new_result", "step_idx", "tool_uses")
-ANSWER = "answer"  # the tool of an action that calls none: a reply, a final answer, a game command
-_CALL = re.compile(r"^\s*([A-Za-z_][\w.\-]*)\(")
-_WORD = re.compile(r"^\s*([^\s(]+)")
-
-
-def tool_name(action: str, tool_from: str = "calls") -> str:
-    """The tool an action text calls: `name(...)` as the native format renders tool calls
-    (`calls`), or the first word, for text games whose commands are verbs (`first_word`)."""
-    pattern = _CALL if tool_from == "calls" else _WORD
-    m = pattern.match(action)
-    return m.group(1).lower() if m else ANSWER
 
 
 def action_features(history: Sequence[Turn], observation: str, candidate: str, tool_from: str = "calls") -> list[float]:

@@ -1,4 +1,5 @@
-"""MLflow: experiments, model versions with lineage tags, aliases, and resolving `models:/` URIs."""
+"""MLflow: experiments, model versions with lineage tags, aliases, and resolving what a user
+types to name a critic (`model_uri`, `resolve`: the one place that knows the accepted forms)."""
 
 from __future__ import annotations
 
@@ -7,17 +8,18 @@ import os
 import re
 import subprocess
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from harnessrl import settings
-from harnessrl.errors import ModelError
+from harnessrl.errors import ConfigError, ModelError
 
 log = logging.getLogger(__name__)
 CRITIC_ARTIFACT = "critic"
 _URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))$")
+FORMS = "NAME@ALIAS, NAME/VERSION, models:/NAME@ALIAS, models:/NAME/VERSION or a critic folder"
 
 
 def client():
@@ -76,6 +78,11 @@ def parse_model_uri(uri: str) -> tuple[str, str | None, str | None]:
     return m["name"], m["alias"], m["version"]
 
 
+def in_registry(uri: str) -> bool:
+    """Whether a `model_uri` names a registry model (else it is a critic folder)."""
+    return uri.startswith("models:/")
+
+
 def model_version(uri: str):
     """The registry's ModelVersion a `models:/` URI names (an alias is followed), without downloading it."""
     from mlflow.exceptions import MlflowException
@@ -88,8 +95,40 @@ def model_version(uri: str):
         raise ModelError(f"{uri}: not found in the registry at {settings.tracking_uri()} ({exc.message})") from None
 
 
-def resolve(uri: str) -> dict[str, Any]:
-    """Registry URI -> {name, version, tags, path}: the local critic folder (downloaded once, cached)."""
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A critic named by the user, found: its local folder and, for a registry model, its name and
+    version (an alias followed as it points now); `uri` is what to keep to follow the alias."""
+
+    uri: str
+    path: str
+    name: str | None = None
+    version: str | None = None
+
+
+def model_uri(spec: str | Path, what: str = "model") -> str:
+    """What a user types -> `models:/NAME@ALIAS`, `models:/NAME/VERSION` or the critic folder as
+    given. An existing folder wins over the registry; NAME@ALIAS and NAME/VERSION are registry
+    models; anything else is a ConfigError naming the forms (`what`: the setting it came from)."""
+    spec = str(spec)
+    if in_registry(spec):
+        parse_model_uri(spec)
+        return spec
+    if Path(spec).exists():
+        return spec
+    if _URI.match(f"models:/{spec}"):
+        return f"models:/{spec}"
+    if "/" in spec:  # a path, not a registry name
+        raise ModelError(f"no critic at {spec}")
+    raise ConfigError(f"{what} {spec!r}: expected {FORMS}")
+
+
+def resolve(spec: str | Path) -> ResolvedModel:
+    """What a user types (`model_uri`'s forms) -> the critic's local folder: a registry version is
+    downloaded once into HARNESSRL_HOME/models/NAME/VERSION and read from there afterwards."""
+    uri = model_uri(spec)
+    if not in_registry(uri):
+        return ResolvedModel(uri=uri, path=uri)
     import mlflow
 
     mv = model_version(uri)
@@ -100,12 +139,12 @@ def resolve(uri: str) -> dict[str, Any]:
         mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{mv.version}", dst_path=str(cache))
     mlmodel = yaml.safe_load((cache / "MLmodel").read_text())
     rel = mlmodel["flavors"]["python_function"]["artifacts"][CRITIC_ARTIFACT]["path"]
-    return {"name": name, "version": str(mv.version), "tags": dict(mv.tags), "path": str(cache / rel)}
+    return ResolvedModel(uri=uri, path=str(cache / rel), name=name, version=str(mv.version))
 
 
 def current_version(uri: str) -> str | None:
     """The version a registry URI points at now (aliases move); None for a local folder."""
-    if not uri.startswith("models:/"):
+    if not in_registry(uri):
         return None
     name, alias, version = parse_model_uri(uri)
     if not alias:

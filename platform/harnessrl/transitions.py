@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from harnessrl.encoders import text_hash
-from harnessrl.features import action_features, defined_tools, features_for, tool_name
+from harnessrl.features import action_features, defined_tools, features_for
+from harnessrl.tool_naming import tool_name
 from harnessrl.render import Layout, Turn, render_state
 from harnessrl.rewards import RewardRecipe
 

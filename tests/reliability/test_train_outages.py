@@ -112,7 +112,7 @@ def _keys(s3, prefix: str) -> list[str]:
 def test_s3_outage_during_checkpointing(encoded, work, s3, tmp_path):
     from harnessrl.config import TrainConfig
     from harnessrl.jobs.train import train
-    from harnessrl.pipelines.encode import read_identity
+    from harnessrl.encoded_data import read_identity
 
     steps, every = 300, 20
     prefix = "runs/outage"
@@ -212,7 +212,7 @@ def test_mlflow_server_restarted_mid_run(encoded, work, tmp_path):
     from harnessrl import settings
     from harnessrl.config import TrainConfig
     from harnessrl.jobs.train import train
-    from harnessrl.pipelines.encode import read_identity
+    from harnessrl.encoded_data import read_identity
 
     steps, every = 600, 50
     server = MlflowServer(tmp_path)
