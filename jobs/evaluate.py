@@ -192,14 +192,16 @@ def _held_out(rows: list[dict], meta: dict, include_seen: bool) -> tuple[list[di
 def evaluate(model_uri: str, sources: list[str], fmt: str = "auto", out_dir: str | None = None,
              max_steps: int | None = None, log_to_mlflow: bool = True,
              experiment: str = "harnessrl-evaluate", include_seen: bool = False,
-             expert_field: str = "info.expert_action") -> EvaluationResult:
+             expert_field: str | None = None) -> EvaluationResult:
     """Score held-out logs with the critic at `model_uri`; returns metrics, findings and the report path.
 
     Task groups the model trained on are left out (their figures would be optimistic) unless
     `include_seen`; how many were is in the metrics (`seen_groups`). `expert_field`: the dotted
-    path of the expert's action in a step (expert top-1 is n/a where no step names one)."""
+    path of the expert's action in a step (default `evaluation.EXPERT_FIELD`; expert top-1 is n/a
+    where no step names one)."""
     from harnessrl.config import RenderConfig
     from harnessrl.critic import Critic
+    from harnessrl.evaluation import EXPERT_FIELD
     from harnessrl.pipelines.ingest import ingest
     from harnessrl.pipelines.transitions import build_transitions
     from harnessrl.rewards import load_recipe
@@ -230,6 +232,7 @@ def evaluate(model_uri: str, sources: list[str], fmt: str = "auto", out_dir: str
     figures.update(metrics.value_scale(values["v"], float(np.max(np.abs(r))) if len(r) else 1.0, gamma))
     figures["spearman_v_rtg"] = metrics.spearman(values["v"], [x["return_to_go"] for x in rows])
     figures.update(_episode_selection(rows, values["q"]))
+    expert_field = expert_field or EXPERT_FIELD
     dec = _decisions(critic, rows, expert_field)
     figures.update({f"expert_{k}": v for k, v in metrics.top1_rate(dec["scores"], dec["experts"]).items()})
     if not figures["expert_n_steps"]:

@@ -376,15 +376,17 @@ def _find_duplicates(keys: pa.Table) -> frozenset:
 
 
 def ingest(sources: list[str], out_dir: str, fmt: str = "native", outcomes: str | None = None,
-           max_line_bytes: int = storage.MAX_LINE_BYTES) -> IngestResult:
+           max_line_bytes: int | None = None) -> IngestResult:
     """Read `sources`, write `out_dir/{episodes,steps,signals,quarantine}` as Parquet, return the counts.
 
     `fmt`: one of FORMATS or "auto" (per file). `outcomes`: a JSONL file of episode outcomes
-    joined by native episode id. `max_line_bytes`: longer lines are quarantined (`line_too_long`)."""
+    joined by native episode id. `max_line_bytes`: longer lines are quarantined (`line_too_long`;
+    None: storage.MAX_LINE_BYTES)."""
     import ray
 
     if fmt != "auto" and fmt not in PARSERS and fmt != decisions.FORMAT:
         raise ConfigError(f"unknown format {fmt!r}; use one of: {', '.join(FORMATS)}, {decisions.FORMAT}, auto")
+    max_line_bytes = storage.MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
     if max_line_bytes < 1:
         raise ConfigError(f"max_line_bytes must be positive, got {max_line_bytes}")
     files = storage.expand_sources(sources)

@@ -82,7 +82,7 @@ def print_summary(s: dict[str, Any]) -> None:
 def heldout_line(ev: dict[str, Any]) -> str:
     """The summary's held-out figure, or a plain statement that there is none to give."""
     if not ev.get("steps") or ev.get("gold_top1") is None:
-        field = ev.get("expert_field", "info.expert_action")
+        field = ev.get("expert_field", "the expert field")
         return (f"held-out     {ev.get('heldout_steps', 0)} steps of {ev.get('heldout_episodes', 0)} episodes, none "
                 f"with an expert action at {field} among its candidates: gold-action ranking not measured "
                 "(evaluate.expert_field names where the logs keep it)")
@@ -113,7 +113,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 EXIT_QUARANTINED = 5
-MAX_LINE_BYTES = 64 << 20  # harnessrl.storage.MAX_LINE_BYTES (not imported: the parser stays light)
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
@@ -140,14 +139,17 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from harnessrl.ray_runtime import init_ray
 
     init_ray(args.address)
+    from harnessrl.evaluation import EXPERT_FIELD
+
+    field = args.expert_field or EXPERT_FIELD
     r = evaluate(model_uri(args.model), args.data, args.format, args.out, args.max_steps,
-                 log_to_mlflow=not args.no_mlflow, include_seen=args.include_seen, expert_field=args.expert_field)
+                 log_to_mlflow=not args.no_mlflow, include_seen=args.include_seen, expert_field=field)
     if args.json:
         print(json.dumps(r.summary(), indent=2, default=str))
         return 0
     print(format_table(r.metrics, title=f"{r.model['name']} version {r.model['version']}: offline evaluation"))
     if not r.metrics.get("expert_n_steps"):
-        print(f"expert_top1: not measured, no held-out step has an expert action at {args.expert_field}")
+        print(f"expert_top1: not measured, no held-out step has an expert action at {field}")
     for f in r.findings:
         print(f"[{f['severity']}] {f['name']}: {f['evidence']}\n    try: {f['what_to_try']}")
     print(f"report: {r.report}" + (f"  (MLflow run {r.mlflow_run_id})" if r.mlflow_run_id else ""))
@@ -271,8 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
     ing.add_argument("--outcomes", help="JSONL of {episode_id, success, score}, joined by the log's episode id")
     ing.add_argument("--fail-on-quarantine", action="store_true",
                      help=f"exit {EXIT_QUARANTINED} when any record was quarantined (strict pipelines)")
-    ing.add_argument("--max-line-bytes", type=int, default=MAX_LINE_BYTES, metavar="N",
-                     help=f"quarantine longer lines as line_too_long, unread (default {MAX_LINE_BYTES >> 20} MiB)")
+    ing.add_argument("--max-line-bytes", type=int, metavar="N",
+                     help="quarantine longer lines as line_too_long, unread (default 64 MiB)")
     ing.add_argument("--pretty", action="store_true", help="print the summary indented, for people")
     ing.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a local Ray)")
     ing.set_defaults(fn=cmd_ingest)
@@ -286,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--max-steps", type=int, help="evaluate at most this many held-out steps")
     ev.add_argument("--include-seen", action="store_true",
                     help="also score task groups the model trained on (left out by default: optimistic figures)")
-    ev.add_argument("--expert-field", default="info.expert_action", metavar="PATH",
+    ev.add_argument("--expert-field", metavar="PATH",
                     help="dotted path of the expert's action in a step, e.g. info.behaviour.expert_action "
                          "(default info.expert_action)")
     ev.add_argument("--no-mlflow", action="store_true", help="do not log an evaluation run to MLflow")

@@ -26,8 +26,8 @@ class DataConfig(_Strict):
     heldout: list[str] = Field(default_factory=list)
     format: Literal["native", "openai-chat", "openai-responses", "anthropic", "atif", "auto"] = "native"
     outcomes: str | None = Field(None, description="JSONL of {episode_id, success, score} joined by native id")
-    max_line_bytes: int = Field(64 << 20, ge=1024, description="a longer log line is quarantined (line_too_long), "
-                                                               "never read whole")
+    max_line_bytes: int | None = Field(None, ge=1024, description="a longer log line is quarantined (line_too_long), "
+                                                                      "never read whole (None: ingest's 64 MiB)")
 
 
 class RenderConfig(_Strict):

@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable
 
+from harnessrl.config import EvaluateConfig
 from harnessrl.transitions import untaken_candidates
 
-EXPERT_FIELD = "info.expert_action"
+EXPERT_FIELD: str = EvaluateConfig.model_fields["expert_field"].default
 
 
 def candidate_features(t: dict[str, Any], candidates: list[str]) -> list[list[float]] | None:
