@@ -7,7 +7,6 @@ figures explain a model; they do not predict closed-loop success (bench/twx.py m
 
 from __future__ import annotations
 
-import json
 import logging
 import tempfile
 import time
@@ -52,8 +51,11 @@ def _candidate_rows(rows: list[dict]) -> list[dict]:
             for r in rows if r.get("candidates") and len(r["candidates"]) > 1]
 
 
-def _decisions(critic, rows: list[dict]) -> dict[str, Any]:
-    """Scores of every candidate of every step that logged candidates; expert top-1 where known."""
+def _decisions(critic, rows: list[dict], expert_field: str) -> dict[str, Any]:
+    """Scores of every candidate of every step that logged candidates; expert top-1 where the
+    step names the expert's action (at `expert_field`, see harnessrl.evaluation.expert_action)."""
+    from harnessrl.evaluation import expert_action
+
     with_c = _candidate_rows(rows)
     scores: list[list[float]] = []
     for i in range(0, len(with_c), 64):
@@ -63,7 +65,7 @@ def _decisions(critic, rows: list[dict]) -> dict[str, Any]:
                                      features=feats if all(x is not None for x in feats) else None)
     experts = []
     for r in with_c:
-        expert = json.loads(r.get("info") or "{}").get("expert_action")
+        expert = expert_action(r, expert_field)
         experts.append(r["cands"].index(expert) if expert in r["cands"] else None)
     return {"rows": with_c, "scores": scores, "experts": experts}
 
@@ -189,13 +191,17 @@ def _held_out(rows: list[dict], meta: dict, include_seen: bool) -> tuple[list[di
 
 def evaluate(model_uri: str, sources: list[str], fmt: str = "auto", out_dir: str | None = None,
              max_steps: int | None = None, log_to_mlflow: bool = True,
-             experiment: str = "harnessrl-evaluate", include_seen: bool = False) -> EvaluationResult:
+             experiment: str = "harnessrl-evaluate", include_seen: bool = False,
+             expert_field: str | None = None) -> EvaluationResult:
     """Score held-out logs with the critic at `model_uri`; returns metrics, findings and the report path.
 
     Task groups the model trained on are left out (their figures would be optimistic) unless
-    `include_seen`; how many were is in the metrics (`seen_groups`)."""
+    `include_seen`; how many were is in the metrics (`seen_groups`). `expert_field`: the dotted
+    path of the expert's action in a step (default `evaluation.EXPERT_FIELD`; expert top-1 is n/a
+    where no step names one)."""
     from harnessrl.config import RenderConfig
     from harnessrl.critic import Critic
+    from harnessrl.evaluation import EXPERT_FIELD
     from harnessrl.pipelines.ingest import ingest
     from harnessrl.pipelines.transitions import build_transitions
     from harnessrl.rewards import load_recipe
@@ -226,8 +232,12 @@ def evaluate(model_uri: str, sources: list[str], fmt: str = "auto", out_dir: str
     figures.update(metrics.value_scale(values["v"], float(np.max(np.abs(r))) if len(r) else 1.0, gamma))
     figures["spearman_v_rtg"] = metrics.spearman(values["v"], [x["return_to_go"] for x in rows])
     figures.update(_episode_selection(rows, values["q"]))
-    dec = _decisions(critic, rows)
+    expert_field = expert_field or EXPERT_FIELD
+    dec = _decisions(critic, rows, expert_field)
     figures.update({f"expert_{k}": v for k, v in metrics.top1_rate(dec["scores"], dec["experts"]).items()})
+    if not figures["expert_n_steps"]:
+        log.warning("evaluate: no held-out step has an expert action at %s among its candidates: expert top-1 "
+                    "not measured", expert_field)
     figures["fallback_rate"] = metrics.fallback_rate([max(s) for s in dec["scores"]], critic.threshold)
     figures.update(_tool_metrics(critic, rows))
     figures.update(_latency(critic, dec["rows"]))

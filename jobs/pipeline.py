@@ -84,9 +84,9 @@ def _prepare(cfg: PipelineConfig, out: str, recipe, summary: dict, force: bool) 
     skipped: list[str] = []
     raw = storage.digest_sources(storage.expand_sources(cfg.data.train))
     outcomes = storage.digest_sources([cfg.data.outcomes]) if cfg.data.outcomes else None
-    k_ing = stage_key("ingest", raw, outcomes, cfg.data.format)
+    k_ing = stage_key("ingest", raw, outcomes, cfg.data.format, cfg.data.max_line_bytes)
     ing = run_stage(out, "ingest", k_ing, force, IngestResult, skipped=skipped, run=lambda: ingest(
-        cfg.data.train, storage.join(out, "ingest"), cfg.data.format, cfg.data.outcomes))
+        cfg.data.train, storage.join(out, "ingest"), cfg.data.format, cfg.data.outcomes, cfg.data.max_line_bytes))
     k_tr = stage_key("transitions", k_ing, recipe.digest(), cfg.render.model_dump())
     tr = run_stage(out, "transitions", k_tr, force, TransitionsResult, skipped=skipped, run=lambda: build_transitions(
         storage.join(out, "ingest"), storage.join(out, "transitions"), recipe, cfg.render))
@@ -143,31 +143,37 @@ def _train_and_register(cfg: PipelineConfig, out: str, recipe, encoder: dict, di
 
 
 def _evaluate_and_serve(cfg: PipelineConfig, out: str, recipe, model_uri: str, summary: dict) -> None:
-    """Gold-action ranking on held-out episodes, then a few of them scored over HTTP."""
+    """Gold-action ranking on held-out episodes (where they name the expert's action at
+    `evaluate.expert_field`), then a few held-out states scored over HTTP, labelled or not."""
     import mlflow
     import pyarrow.dataset as pads
 
     from harnessrl.critic import Critic
-    from harnessrl.evaluation import gold_rows, gold_top1
+    from harnessrl.evaluation import gold_rows, gold_top1, smoke_rows
     from harnessrl.pipelines.ingest import ingest
     from harnessrl.pipelines.transitions import build_transitions
 
     critic = Critic.load(model_uri)  # through the registry, as a user would
     held = storage.join(out, "heldout")
-    h_ing = ingest(cfg.data.heldout, storage.join(held, "ingest"), cfg.data.format)
+    h_ing = ingest(cfg.data.heldout, storage.join(held, "ingest"), cfg.data.format,
+                   max_line_bytes=cfg.data.max_line_bytes)
     build_transitions(storage.join(held, "ingest"), storage.join(held, "transitions"), recipe, cfg.render)
     fs, path = storage.filesystem(storage.join(held, "transitions"))
-    rows = gold_rows(pads.dataset(path, filesystem=fs, format="parquet").to_table().to_pylist(),
-                     cfg.evaluate.max_heldout_steps)
+    steps = pads.dataset(path, filesystem=fs, format="parquet").to_table().to_pylist() if h_ing.episodes else []
+    rows = gold_rows(steps, cfg.evaluate.max_heldout_steps, cfg.evaluate.expert_field)
     t0 = time.time()
-    figures = gold_top1(critic, rows)
-    figures["ms_per_step"] = 1000 * (time.time() - t0) / max(1, len(rows))
-    figures["heldout_episodes"] = h_ing.episodes
+    figures: dict[str, Any] = gold_top1(critic, rows)
+    figures["ms_per_step"] = 1000 * (time.time() - t0) / len(rows) if rows else None
+    figures.update(heldout_episodes=h_ing.episodes, heldout_steps=len(steps), expert_field=cfg.evaluate.expert_field)
+    if not rows:
+        log.warning("held-out: none of the %d held-out steps has an expert action at %s among its candidates: "
+                    "gold-action ranking not measured (set evaluate.expert_field to where the logs keep it)",
+                    len(steps), cfg.evaluate.expert_field)
     summary["evaluate"] = figures
-    mlflow.log_metrics({f"heldout/{k}": v for k, v in figures.items()})
+    mlflow.log_metrics({f"heldout/{k}": v for k, v in figures.items()
+                        if isinstance(v, (int, float)) and not isinstance(v, bool)})
     if cfg.serve.enabled and cfg.serve.smoke_requests:
-        step = max(1, len(rows) // cfg.serve.smoke_requests)
-        summary["served"] = _serve_check(cfg, model_uri, rows[::step][: cfg.serve.smoke_requests], critic)
+        summary["served"] = _serve_check(cfg, model_uri, smoke_rows(steps, rows, cfg.serve.smoke_requests), critic)
 
 
 def _start(cfg: PipelineConfig):

@@ -6,7 +6,12 @@ document (ATIF trajectories are written that way). Every record ends up either i
 records_quarantined` is checked before the stage returns. Outcome and step signals are kept
 verbatim in `signals` (harnessrl.signals), one row each; their count is checked the same way.
 With `fmt="auto"` each file's format is detected from its first record and reported; a file no
-reader recognises is quarantined record by record (`unknown_format`), never silently skipped.
+reader recognises is quarantined record by record (`unknown_format`), never silently skipped;
+an empty file is reported as `empty`. Some records are quarantined before any reader sees them:
+a line longer than `max_line_bytes` (`line_too_long`: skipped as it is read, never held whole)
+and the unreadable rest of a `.gz` that stops decompressing (`corrupt_file`: one row, after the
+records read before the fault; the other files go on). Readers get each file's content digest,
+from which formats whose exports often carry no id derive one (formats/common.py).
 
 Memory does not grow with the corpus (bench/ingest.py): files are read in pieces, records move in
 blocks of RECORDS_PER_BLOCK, parsed blocks are staged on disk rather than held, and only one key
@@ -18,6 +23,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Iterator
@@ -28,7 +34,7 @@ import pyarrow.fs as pafs
 from harnessrl import schemas, signals, storage
 from harnessrl.errors import ConfigError, DataError
 from harnessrl.formats import decisions, native
-from harnessrl.formats.detect import FORMATS, PARSERS, UNKNOWN, detect_format
+from harnessrl.formats.detect import EMPTY, FORMATS, PARSERS, UNKNOWN, detect_format
 from harnessrl.ray_runtime import object_store_budget
 
 log = logging.getLogger(__name__)
@@ -99,12 +105,36 @@ RECORDS_PER_BLOCK = 512
 # Ray from fusing them): fused, one task would parse a whole file, and Ray's Parquet writer holds
 # all of a task's output before writing it. Apart, each parse(+write) task is one block of records.
 READ_CPUS, PARSE_CPUS = 0.25, 0.75
+# `digest`: the file's content digest (for derived ids); `reason`/`detail`: set on a `Fault` row.
 RECORDS = pa.schema([("source_uri", pa.string()), ("source_line", pa.int64()), ("format", pa.string()),
-                     ("line", pa.binary())])
+                     ("digest", pa.string()), ("line", pa.binary()), ("reason", pa.string()),
+                     ("detail", pa.string())])
+
+
+@dataclass
+class Fault:
+    """A record quarantined before any reader sees it: `prefix` is what is kept of its bytes."""
+
+    reason: str
+    detail: str
+    prefix: bytes = b""
 
 
 def file_format(uri: str, fmt: str) -> str:
-    return detect_format(storage.read_prefix(uri, SNIFF_BYTES)) if fmt == "auto" else fmt
+    """The reader of a file: `fmt`, or with "auto" the one its first record fits (`EMPTY` for a
+    file without any; `UNKNOWN` for a .gz with nothing readable: its records say why)."""
+    if fmt != "auto":
+        return fmt
+    try:
+        prefix = storage.read_prefix(uri, SNIFF_BYTES)
+    except storage.CorruptFile as exc:
+        log.warning("ingest: %s: %s; %s quarantined (%s)", uri, exc.error,
+                    "what was read before it is ingested, the rest" if exc.partial else "the file is",
+                    native.Reason.CORRUPT_FILE)
+        if not exc.partial:
+            return UNKNOWN
+        prefix = exc.partial
+    return detect_format(prefix)
 
 
 def _parses(line: bytes) -> bool:
@@ -115,28 +145,59 @@ def _parses(line: bytes) -> bool:
         return False
 
 
-def _iter_records(uri: str) -> Iterator[tuple[int, bytes]]:
-    """`_records` of a file, streamed: JSONL is read line by line, never whole; only a file whose
-    first line is the start of a multi-line document (and that is small enough to be one) is read whole."""
-    lines = storage.iter_lines(uri)
+def _iter_records(uri: str, max_line_bytes: int = storage.MAX_LINE_BYTES) -> Iterator[tuple[int, bytes | Fault]]:
+    """`_records` of a file, streamed, with its faults: JSONL is read line by line, never whole; a
+    line over `max_line_bytes` is a `Fault`, and so is the rest of a .gz that stops decompressing."""
+    last = 0
+    try:
+        for no, rec in _file_records(uri, max_line_bytes):
+            last = no
+            yield no, rec
+    except storage.CorruptFile as exc:
+        yield last + 1, Fault(native.Reason.CORRUPT_FILE,
+                              f"{exc.error}; the file is unreadable after line {last}" if last
+                              else f"{exc.error}; nothing in the file is readable")
+
+
+def _file_records(uri: str, max_line_bytes: int) -> Iterator[tuple[int, bytes | Fault]]:
+    """Only a file whose first line is the start of a multi-line document (and that is small enough
+    to be one) is read whole; its lines, when it is not one document after all, keep the line limit."""
+    lines = storage.iter_lines(uri, max_line_bytes)
     first = next(lines, None)
     if first is None:
         return
-    if first[1].lstrip(b"\xef\xbb\xbf \t").startswith(b"{") and not _parses(first[1]):
-        data = storage.read_prefix(uri, WHOLE_DOCUMENT_MAX_BYTES + 1)
-        if len(data) <= WHOLE_DOCUMENT_MAX_BYTES:
-            yield from _records(data)
+    head = first[1]
+    if isinstance(head, bytes) and head.lstrip(b"\xef\xbb\xbf \t").startswith(b"{") and not _parses(head):
+        try:
+            data = storage.read_prefix(uri, WHOLE_DOCUMENT_MAX_BYTES + 1)
+        except storage.CorruptFile:
+            data = None  # read on line by line: the fault is met (and recorded) there
+        if data is not None and len(data) <= WHOLE_DOCUMENT_MAX_BYTES:
+            for no, rec in _records(data):  # a document holds newlines, a line never does
+                yield no, rec if b"\n" in rec or len(rec) <= max_line_bytes else storage.LongLine(rec[:storage.LONG_LINE_PREFIX], len(rec))
             return
     yield first
     yield from lines
 
 
-def _read_records(files: pa.Table) -> Iterator[pa.Table]:
+def _as_fault(item: bytes | storage.LongLine | Fault, max_line_bytes: int) -> bytes | Fault:
+    if isinstance(item, storage.LongLine):
+        return Fault(native.Reason.LINE_TOO_LONG,
+                     f"a line of {item.size} bytes, over max_line_bytes ({max_line_bytes}): not read",
+                     item.prefix[:storage.LONG_LINE_PREFIX])
+    return item
+
+
+def _read_records(files: pa.Table, max_line_bytes: int = storage.MAX_LINE_BYTES) -> Iterator[pa.Table]:
     """Files -> record rows, in blocks of RECORDS_PER_BLOCK: a file's records are never all in memory."""
-    for uri, fmt in zip(files.column("uri").to_pylist(), files.column("format").to_pylist()):
+    for uri, fmt, digest in zip(*(files.column(c).to_pylist() for c in ("uri", "format", "digest"))):
         rows: list[dict] = []
-        for no, rec in _iter_records(uri):
-            rows.append({"source_uri": uri, "source_line": no, "format": fmt, "line": rec})
+        for no, item in _iter_records(uri, max_line_bytes):
+            rec = _as_fault(item, max_line_bytes)
+            fault = rec if isinstance(rec, Fault) else None
+            rows.append({"source_uri": uri, "source_line": no, "format": fmt, "digest": digest,
+                         "line": fault.prefix if fault else rec, "reason": fault.reason if fault else None,
+                         "detail": fault.detail if fault else None})
             if len(rows) >= RECORDS_PER_BLOCK:
                 yield pa.Table.from_pylist(rows, schema=RECORDS)
                 rows = []
@@ -144,17 +205,18 @@ def _read_records(files: pa.Table) -> Iterator[pa.Table]:
             yield pa.Table.from_pylist(rows, schema=RECORDS)
 
 
-def _parse(fmt: str, line: bytes, uri: str, no: int):
-    if fmt == UNKNOWN:
+def _parse(fmt: str, line: bytes, uri: str, no: int, digest: str | None = None):
+    if fmt not in PARSERS:  # UNKNOWN (or records past an all-blank sniffed prefix)
         return native.Quarantined(native.Reason.UNKNOWN_FORMAT, "no reader recognises this file's records; "
                                   f"give --format (one of {', '.join(FORMATS)})")
-    return PARSERS[fmt](line, uri, no)
+    return PARSERS[fmt](line, uri, no, digest)
 
 
 def _parse_batch(batch: pa.Table, outcomes: dict | None = None) -> pa.Table:
     rows = []
-    for uri, no, fmt, line in zip(*(batch.column(c).to_pylist() for c in ("source_uri", "source_line", "format", "line"))):
-        parsed = _parse(fmt, line, uri, no)
+    columns = ("source_uri", "source_line", "format", "line", "digest", "reason", "detail")
+    for uri, no, fmt, line, digest, reason, detail in zip(*(batch.column(c).to_pylist() for c in columns)):
+        parsed = native.Quarantined(reason, detail) if reason else _parse(fmt, line, uri, no, digest)
         base = {"source_uri": uri, "source_line": no, "raw_prefix": line[:RAW_PREFIX_CHARS].decode("utf-8", "replace")}
         if isinstance(parsed, native.Quarantined):
             rows.append({**base, "ok": False, "reason": parsed.reason, "detail": parsed.detail, "episode_id": None,
@@ -182,11 +244,20 @@ def load_outcomes(uri: str) -> dict[str, dict]:
         if not isinstance(rec, dict) or not isinstance(rec.get("episode_id"), (str, int)):
             raise DataError(f"{uri}:{no}: each outcome needs an episode_id")
         success, score = rec.get("success"), rec.get("score")
-        if (success is not None and not isinstance(success, bool)) or (
-                score is not None and (isinstance(score, bool) or not isinstance(score, (int, float)))):
-            raise DataError(f"{uri}:{no}: success must be true/false and score a number")
+        if (success is not None and not isinstance(success, bool)) or (score is not None and not _finite(score)):
+            raise DataError(f"{uri}:{no}: success must be true/false and score a finite number")
         out[str(rec["episode_id"])] = {"success": success, "score": score}
     return out
+
+
+def _finite(value) -> bool:
+    """A JSON number that is a finite float (JSON readers accept NaN, Infinity and 1e999)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 def join_outcome(episode: dict, outcomes: dict[str, dict]) -> bool:
@@ -304,35 +375,46 @@ def _find_duplicates(keys: pa.Table) -> frozenset:
     return frozenset(dups)
 
 
-def ingest(sources: list[str], out_dir: str, fmt: str = "native", outcomes: str | None = None) -> IngestResult:
+def ingest(sources: list[str], out_dir: str, fmt: str = "native", outcomes: str | None = None,
+           max_line_bytes: int | None = None) -> IngestResult:
     """Read `sources`, write `out_dir/{episodes,steps,signals,quarantine}` as Parquet, return the counts.
 
     `fmt`: one of FORMATS or "auto" (per file). `outcomes`: a JSONL file of episode outcomes
-    joined by native episode id."""
+    joined by native episode id. `max_line_bytes`: longer lines are quarantined (`line_too_long`;
+    None: storage.MAX_LINE_BYTES)."""
     import ray
 
     if fmt != "auto" and fmt not in PARSERS and fmt != decisions.FORMAT:
         raise ConfigError(f"unknown format {fmt!r}; use one of: {', '.join(FORMATS)}, {decisions.FORMAT}, auto")
+    max_line_bytes = storage.MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
+    if max_line_bytes < 1:
+        raise ConfigError(f"max_line_bytes must be positive, got {max_line_bytes}")
     files = storage.expand_sources(sources)
     joined = load_outcomes(outcomes) if outcomes else None
     log.info("ingest: %d file(s) from %s", len(files), ", ".join(sources))
-    raw_digest = storage.digest_sources(files)
+    digests = {u: storage.file_digest(u) for u in files}
+    raw_digest = storage.combine_digests(digests.values())
     # Ray Data snapshots its context when a dataset is made: the budget is set before that.
     with object_store_budget():
         if fmt == decisions.FORMAT:  # a decision log is regrouped into episodes first (driver side)
             per_file = {f"decisions:{s}": "native" for s in sources}
             lines = ray.data.from_items([{"source_uri": f"decisions:{','.join(sources)}", "source_line": i,
-                                          "format": "native", "line": line}
+                                          "format": "native", "line": line, "digest": None, "reason": None,
+                                          "detail": None}
                                          for i, line in enumerate(decisions.to_native_lines(sources), start=1)])
         else:
             per_file = {u: file_format(u, fmt) for u in files}
             if fmt == "auto":
                 for u, f in per_file.items():
-                    log.info("ingest: %s -> format %s%s", u, f,
-                             " (no reader recognises it: quarantined)" if f == UNKNOWN else "")
-            lines = ray.data.from_items([{"uri": u, "format": f} for u, f in per_file.items()],
+                    if f == EMPTY:
+                        log.info("ingest: %s is empty (no records)", u)
+                    else:
+                        log.info("ingest: %s -> format %s%s", u, f,
+                                 " (no reader recognises it: quarantined)" if f == UNKNOWN else "")
+            lines = ray.data.from_items([{"uri": u, "format": f, "digest": digests[u]} for u, f in per_file.items()],
                                         override_num_blocks=len(files)).map_batches(
-                _read_records, batch_format="pyarrow", batch_size=1, num_cpus=READ_CPUS)
+                _read_records, batch_format="pyarrow", batch_size=1, num_cpus=READ_CPUS,
+                fn_kwargs={"max_line_bytes": max_line_bytes})
         # Streamed, never held whole: parsed records go to a staging dataset on disk; the driver keeps
         # only the keys (to find duplicate ids); then one task per staged file writes its share of
         # every output table.

@@ -38,3 +38,13 @@ def test_grouping_results_outcome_and_bad_lines(tmp_path):
     assert first.episode["outcome_success"] is True and first.episode["task_text"] == "find the coin"
     assert by_id["decisions:d3"].episode["outcome_success"] is None
     assert json.loads(first.steps[0]["info"])["decision_id"] == "d0"
+
+
+def test_feedback_with_a_non_finite_score_is_quarantined(tmp_path):
+    (tmp_path / "decisions").mkdir()
+    (tmp_path / "feedback").mkdir()
+    (tmp_path / "decisions" / "p.jsonl").write_text(json.dumps(_decision(0, "a", [])) + "\n")
+    (tmp_path / "feedback" / "p.jsonl").write_text('{"decision_id": "d0", "outcome": {"success": true, "score": NaN}}\n')
+    (line,) = to_native_lines([str(tmp_path)])
+    q = parse_line(line, "log", 1)
+    assert isinstance(q, Quarantined) and q.reason == "non_finite_number"

@@ -9,6 +9,7 @@ test checks all four readers; type errors are mutations of the sample records, p
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from hypothesis import strategies as st
 
 from harnessrl.formats import anthropic, atif, openai_chat, openai_responses
 from harnessrl.formats.common import Flag
-from harnessrl.formats.detect import FORMATS, PARSERS, UNKNOWN, classify, detect_format
+from harnessrl.formats.detect import EMPTY, FORMATS, PARSERS, UNKNOWN, classify, detect_format
 from harnessrl.formats.native import MAX_FIELD_CHARS, ParsedEpisode, Quarantined, Reason, stable_episode_id
 from harnessrl.schemas import EPISODES, STEPS
 
@@ -474,7 +475,7 @@ def test_no_assistant_turn_is_an_empty_episode(fmt):
 
 
 @pytest.mark.parametrize("fmt, rec_path, value", [
-    ("openai-chat", ("messages", 1), {"role": "function", "name": "f", "content": "legacy"}),
+    ("openai-chat", ("messages", 1), {"role": "critic", "name": "f", "content": "legacy"}),
     ("openai-responses", ("input", 1), {"type": "message", "role": "critic", "content": "legacy"}),
     ("anthropic", ("messages", 1), {"role": "observer", "content": "legacy"}),
     ("atif", ("steps", 1), {"step_id": 2, "source": "environment", "message": "legacy"}),
@@ -601,26 +602,106 @@ def test_lone_surrogate_in_a_type_name_is_stored_safely():
 
 
 @formats
-@pytest.mark.parametrize("value, reason", [
-    (None, Reason.MISSING_EPISODE_ID),
-    ("", Reason.MISSING_EPISODE_ID),
-    ("   ", Reason.MISSING_EPISODE_ID),
-    (["a"], Reason.WRONG_TYPE),
-    (True, Reason.WRONG_TYPE),
-    (1.5, Reason.WRONG_TYPE),
-])
-def test_bad_native_ids(fmt, value, reason):
+@pytest.mark.parametrize("value", [["a"], True, 1.5])
+def test_wrong_typed_native_ids(fmt, value):
     rec = BUILDERS[fmt]([TASK, ANSWER])
     rec["session_id" if fmt == "atif" else "id"] = value
     q = parse(fmt, rec)
-    assert isinstance(q, Quarantined) and q.reason == reason and q.detail
+    assert isinstance(q, Quarantined) and q.reason == Reason.WRONG_TYPE and q.detail
+
+
+ID_DERIVING = ["openai-chat", "openai-responses", "anthropic"]  # their exports often carry no id
+ABSENT = object()  # the key left out
+
+
+@pytest.mark.parametrize("fmt", ID_DERIVING)
+@pytest.mark.parametrize("value", [ABSENT, None, "", "   "], ids=["absent", "null", "empty", "blank"])
+def test_missing_id_is_derived_from_the_file_digest_and_line(fmt, value):
+    rec = BUILDERS[fmt]([TASK, ANSWER])
+    if value is ABSENT:
+        del rec["id"]
+    else:
+        rec["id"] = value
+    line = encode(rec)
+    digest = "ab" * 32
+    parsed = PARSERS[fmt](line, URI, 7, digest)
+    assert isinstance(parsed, ParsedEpisode), parsed
+    ep = parsed.episode
+    assert ep["native_id"] == f"{digest[:16]}:7" == ep["task_id"] == ep["group_id"]
+    assert ep["episode_id"] == stable_episode_id(fmt, f"{digest[:16]}:7")
+    assert flags(parsed) == {Flag.DERIVED_EPISODE_ID: 1}
+    pa.Table.from_pylist([ep], schema=EPISODES)
+    # stable: same file content and line, whatever the file is called; another line or file differs
+    assert PARSERS[fmt](line, "s3://b/renamed.jsonl", 7, digest).episode["episode_id"] == ep["episode_id"]
+    others = {PARSERS[fmt](line, URI, 8, digest).episode["episode_id"],
+              PARSERS[fmt](line, URI, 7, "cd" * 32).episode["episode_id"]}
+    assert ep["episode_id"] not in others and len(others) == 2
+    # without a digest (a direct call), the URI stands in for it
+    assert PARSERS[fmt](line, URI, 7).episode["native_id"].endswith(":7")
+
+
+def test_atif_requires_its_session_id():
+    for value in (ABSENT, None, "", "   "):
+        rec = BUILDERS["atif"]([TASK, ANSWER])
+        if value is ABSENT:
+            del rec["session_id"]
+        else:
+            rec["session_id"] = value
+        q = PARSERS["atif"](encode(rec), URI, 7, "ab" * 32)
+        assert isinstance(q, Quarantined) and q.reason == Reason.MISSING_EPISODE_ID
+
+
+@pytest.mark.parametrize("fmt, rec_path, key", [
+    ("openai-chat", ("messages", 1), "role"),
+    ("openai-responses", ("input", 1), "role"),
+    ("anthropic", ("messages", 1), "role"),
+    ("atif", ("steps", 1), "source"),
+])
+@pytest.mark.parametrize("value", [5, ["user"], {"name": "user"}, True])
+def test_wrong_typed_role_is_quarantined(fmt, rec_path, key, value):
+    rec = BUILDERS[fmt]([TASK, ("user", "more"), ANSWER])
+    rec[rec_path[0]][rec_path[1]][key] = value
+    q = parse(fmt, rec)
+    assert isinstance(q, Quarantined) and q.reason == Reason.WRONG_TYPE and key in q.detail
+
+
+def test_chat_legacy_function_call_is_a_tool_call():
+    rec = {"messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "function_call": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+        {"role": "function", "name": "get_weather", "content": "18C, sunny"},
+        {"role": "assistant", "content": "It is 18C and sunny."},
+    ]}
+    parsed = ok("openai-chat", rec)
+    first, last = parsed.steps
+    (call,) = first["tool_calls"]
+    assert (call["name"], call["arguments_json"], call["arguments_parse_ok"]) == ("get_weather", '{"city": "Paris"}', True)
+    assert call["result_text"] == first["result_text"] == "18C, sunny"
+    assert first["action_text"] == 'get_weather({"city": "Paris"})'
+    assert last["action_text"] == "It is 18C and sunny." and parsed.episode["end_reason"] == "agent_stop"
+    assert flags(parsed) == {Flag.DERIVED_EPISODE_ID: 1}  # no tool_result_without_call, no unknown_role
+    assert detect_format(encode(rec)) == "openai-chat"
+    assert detect_format(encode(rec)[:60]) in ("openai-chat", UNKNOWN)
+
+
+def test_chat_legacy_function_result_without_a_call_is_an_orphan():
+    rec = build_chat([TASK, ANSWER])
+    rec["messages"].insert(1, {"role": "function", "name": "f", "content": "stray"})
+    parsed = ok("openai-chat", rec)
+    assert parsed.steps[0]["obs_text"] == "stray" and flags(parsed) == {Flag.TOOL_RESULT_WITHOUT_CALL: 1}
+
+
+NON_FINITE = [float("nan"), float("inf"), float("-inf"), 10 ** 400]
 
 
 @formats
-def test_missing_native_id(fmt):
-    rec = BUILDERS[fmt]([TASK, ANSWER])
-    del rec["session_id" if fmt == "atif" else "id"]
-    assert parse(fmt, rec).reason == Reason.MISSING_EPISODE_ID
+@pytest.mark.parametrize("value", NON_FINITE, ids=["nan", "inf", "-inf", "10**400"])
+@pytest.mark.parametrize("key", ["score", "reward"])
+def test_non_finite_outcome_score_is_quarantined(fmt, value, key):
+    line = json.dumps(BUILDERS[fmt]([TASK, ANSWER], outcome={"success": True, key: value})).encode()
+    assert b"NaN" in line or b"Infinity" in line or b"0" * 300 in line  # what Python's JSON writer emits
+    q = PARSERS[fmt](line, URI, 1)
+    assert isinstance(q, Quarantined) and q.reason == Reason.NON_FINITE_NUMBER and "outcome.score" in q.detail
 
 
 @formats
@@ -773,10 +854,15 @@ def test_classify_shapes(record, fmt):
     assert detect_format(encode(record)) == fmt
 
 
-@pytest.mark.parametrize("raw", [b"", b"   \n", b"not json at all", b"\xff\xfe\x00", b"[1, 2, 3]", b'{"a": 1}',
-                                 b'"text"', b'{"messages": '])
+@pytest.mark.parametrize("raw", [b"not json at all", b"\xff\xfe\x00", b"[1, 2, 3]", b'{"a": 1}', b'"text"',
+                                 b'{"messages": '])
 def test_detect_unknown(raw):
     assert detect_format(raw) == UNKNOWN
+
+
+@pytest.mark.parametrize("raw", [b"", b"   \n", b"\n\n\r\n", b"\xef\xbb\xbf\n"])
+def test_detect_empty(raw):
+    assert detect_format(raw) == EMPTY
 
 
 def test_detect_pretty_printed_atif_prefix_and_bom():
@@ -787,7 +873,9 @@ def test_detect_pretty_printed_atif_prefix_and_bom():
 
 # ---- property: corrupted records never raise ---------------------------------------------------------
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False, width=32) | st.text(max_size=8),
+    # NaN, Infinity and huge integers included: Python's JSON reader accepts them (quarantined, never stored)
+    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.just(10**400) | st.floats(width=32)
+    | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
     max_leaves=6,
 )
@@ -853,9 +941,11 @@ def test_corrupted_records_never_raise(fmt, data):
         assert isinstance(out.detail, str)
     else:
         assert out.episode["n_steps"] == len(out.steps) >= 1
+        score = out.episode["outcome_score"]
+        assert score is None or math.isfinite(score)
         pa.Table.from_pylist([out.episode], schema=EPISODES)
         pa.Table.from_pylist(out.steps, schema=STEPS)
-    assert detect_format(raw) in FORMATS + (UNKNOWN,)
+    assert detect_format(raw) in FORMATS + (UNKNOWN, EMPTY)
 
 
 def test_modules_name_their_format():

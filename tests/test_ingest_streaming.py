@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -58,9 +59,124 @@ def test_records_leave_a_file_in_bounded_blocks(tmp_path, monkeypatch):
     monkeypatch.setattr(ing, "RECORDS_PER_BLOCK", 3)
     f = tmp_path / "x.jsonl"
     f.write_text("".join(json.dumps({"i": i}) + "\n" for i in range(7)))
-    blocks = list(ing._read_records(pa.table({"uri": [str(f)], "format": ["native"]})))
+    blocks = list(ing._read_records(pa.table({"uri": [str(f)], "format": ["native"], "digest": ["d"]})))
     assert [b.num_rows for b in blocks] == [3, 3, 1]
     assert blocks[2].column("source_line").to_pylist() == [7]
+
+
+def test_a_line_over_the_limit_is_skipped_as_it_is_read(tmp_path):
+    import tracemalloc
+
+    f = tmp_path / "long.jsonl"
+    huge = 48 << 20
+    with f.open("wb") as fh:
+        fh.write(b'{"a": 1}\n')
+        fh.write(b"x" * huge)
+        fh.write(b'\n{"b": 2}\n' + b"y" * 5000 + b"\n")
+    tracemalloc.start()
+    try:
+        items = list(storage.iter_lines(str(f), max_line_bytes=1 << 20))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < huge // 2, f"peak {peak >> 20} MiB: the long line was held"
+    assert [(no, type(x).__name__) for no, x in items] == [(1, "bytes"), (2, "LongLine"), (3, "bytes"), (4, "bytes")]
+    assert items[1][1].size == huge and items[1][1].prefix == b"x" * storage.LONG_LINE_PREFIX
+    small = list(ing._iter_records(str(f), max_line_bytes=4096))
+    faults = [(no, ing._as_fault(x, 4096).reason) for no, x in small if not isinstance(x, bytes)]
+    assert faults == [(2, "line_too_long"), (4, "line_too_long")]
+
+
+def test_a_long_line_at_the_end_of_a_file_without_newline(tmp_path):
+    f = tmp_path / "tail.jsonl"
+    f.write_bytes(b'{"a": 1}\n' + b"z" * 3000)
+    (first, long_line) = storage.iter_lines(str(f), max_line_bytes=1000)
+    assert first == (1, b'{"a": 1}') and long_line[0] == 2 and long_line[1].size == 3000
+    assert list(storage.iter_lines(str(f))) == [(1, b'{"a": 1}'), (2, b"z" * 3000)]  # no limit: as before
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not_gzip", "garbage_after", "flipped_bytes"])
+def test_a_corrupt_gzip_keeps_what_was_read_and_names_the_rest(tmp_path, damage):
+    lines = b"".join(json.dumps({"episode_id": f"e{i}", "steps": [{"action": "go"}]}).encode() + b"\n"
+                     for i in range(20_000))
+    packed = gzip.compress(lines)
+    data = {"truncated": packed[: len(packed) // 2], "not_gzip": lines[:3000], "garbage_after": packed + b"junk",
+            "flipped_bytes": packed[:40] + bytes(b ^ 0x5A for b in packed[40:400]) + packed[400:]}[damage]
+    f = tmp_path / "broken.jsonl.gz"
+    f.write_bytes(data)
+    records = list(ing._iter_records(str(f)))
+    *good, (last_no, fault) = records
+    assert isinstance(fault, ing.Fault) and fault.reason == "corrupt_file" and "gzip" in fault.detail
+    assert all(isinstance(r, bytes) for _, r in good) and last_no == len(good) + 1
+    assert len(good) == {"truncated": len(good), "not_gzip": 0, "garbage_after": 20_000, "flipped_bytes": 0}[damage]
+    if damage == "truncated":
+        assert 5_000 < len(good) < 20_000 and all(json.loads(r) for _, r in good)
+    assert storage.file_digest(str(f)) == storage.file_digest(str(f))  # digested, not raised
+    assert ing.file_format(str(f), "auto") in ("native", "unknown")
+    with pytest.raises(storage.CorruptFile):
+        list(storage.iter_chunks(str(f)))
+
+
+def test_empty_files_are_empty_not_unknown(tmp_path):
+    for name, data in (("a.jsonl", b""), ("b.jsonl", b"\n  \n"), ("c.jsonl.gz", gzip.compress(b""))):
+        (tmp_path / name).write_bytes(data)
+        assert ing.file_format(str(tmp_path / name), "auto") == "empty"
+        assert list(ing._iter_records(str(tmp_path / name))) == []
+
+
+def _tree(root) -> None:
+    for rel in ("a.jsonl", "b.ndjson", "c.log", "d.jsonl.gz", "e.ndjson.gz", "f.log.gz", "g.json", "notes.txt",
+                "sub/h.jsonl", "sub/deeper/i.ndjson", "sub/j.txt"):
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(gzip.compress(b"{}\n") if rel.endswith(".gz") else b"{}\n")
+
+
+def test_directories_read_ndjson_and_log_files(tmp_path):
+    _tree(tmp_path)
+    found = {Path(f).relative_to(tmp_path).as_posix() for f in storage.expand_sources([str(tmp_path)])}
+    assert found == {"a.jsonl", "b.ndjson", "c.log", "d.jsonl.gz", "e.ndjson.gz", "f.log.gz", "g.json",
+                     "sub/h.jsonl", "sub/deeper/i.ndjson"}
+
+
+GLOBS = [("*.ndjson", {"b.ndjson"}), ("**/*.ndjson", {"b.ndjson", "sub/deeper/i.ndjson"}),
+         ("sub/*", {"sub/h.jsonl", "sub/j.txt"}), ("[ab].*", {"a.jsonl", "b.ndjson"}), ("?.log*", {"c.log", "f.log.gz"}),
+         ("sub/**", {"sub/h.jsonl", "sub/j.txt", "sub/deeper/i.ndjson"})]
+
+
+@pytest.mark.parametrize("pattern, expected", GLOBS)
+def test_local_globs(tmp_path, pattern, expected, monkeypatch):
+    _tree(tmp_path)
+    found = storage.expand_sources([f"{tmp_path}/{pattern}"])
+    assert {Path(f).relative_to(tmp_path).as_posix() for f in found} == expected
+    monkeypatch.chdir(tmp_path)  # relative globs are resolved from the working directory
+    assert storage.expand_sources([pattern]) == found
+
+
+def test_a_glob_without_matches_is_a_data_error(tmp_path):
+    from harnessrl.errors import DataError
+
+    with pytest.raises(DataError, match="no files match"):
+        storage.expand_sources([f"{tmp_path}/*.jsonl"])
+    with pytest.raises(DataError, match="no files match"):
+        storage.expand_sources([f"{tmp_path}/missing/**/*.jsonl"])
+
+
+@pytest.mark.integration
+def test_s3_globs_and_prefixes(s3, tmp_path):
+    _tree(tmp_path)
+    bucket = s3["bucket"]
+    for f in tmp_path.rglob("*"):
+        if f.is_file():
+            s3["client"].upload_file(str(f), bucket, f"globbed/{f.relative_to(tmp_path).as_posix()}")
+    for pattern, expected in GLOBS:
+        found = storage.expand_sources([f"s3://{bucket}/globbed/{pattern}"])
+        assert found == sorted(f"s3://{bucket}/globbed/{e}" for e in expected), pattern
+    listed = storage.expand_sources([f"s3://{bucket}/globbed/"])
+    assert {f.split("/globbed/")[1] for f in listed} == {
+        "a.jsonl", "b.ndjson", "c.log", "d.jsonl.gz", "e.ndjson.gz", "f.log.gz", "g.json", "sub/h.jsonl",
+        "sub/deeper/i.ndjson"}
+    assert storage.iter_lines(listed[0]) and list(storage.iter_lines(listed[0])) == [(1, b"{}")]
 
 
 @pytest.mark.integration

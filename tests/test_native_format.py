@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -343,7 +344,9 @@ def test_lone_surrogate_escape_is_not_passed_through():
 
 # ---- property: never raises -------------------------------------------------------------------
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False, width=32) | st.text(max_size=8),
+    # NaN, Infinity and huge integers included: Python's JSON reader accepts them (quarantined, never stored)
+    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.just(10**400) | st.floats(width=32)
+    | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
     max_leaves=6,
 )
@@ -400,6 +403,24 @@ def test_parse_line_never_raises_on_corrupted_input(raw):
         assert out.reason in {v for k, v in vars(Reason).items() if k.isupper()}
     else:
         assert out.episode["n_steps"] == len(out.steps) >= 1
+        assert_finite(out)
+
+
+def assert_finite(parsed: ParsedEpisode) -> None:
+    """What reaches the tables: a score and rewards that are finite numbers or absent."""
+    numbers = [parsed.episode["outcome_score"]] + [s["reward"] for s in parsed.steps]
+    assert all(n is None or math.isfinite(n) for n in numbers), numbers
+
+
+@pytest.mark.parametrize("path", [("steps", 0, "reward"), ("outcome", "score")], ids=["step_reward", "outcome_score"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf"), 1e308 * 10, 10 ** 400],
+                         ids=["nan", "inf", "-inf", "1e309", "10**400"])
+def test_non_finite_reward_or_score_is_quarantined(path, value):
+    raw = _mutated(path, value)
+    q = quarantined(raw)
+    assert q.reason == Reason.NON_FINITE_NUMBER and path[-1] in q.detail
+    text = raw.replace(b"Infinity", b"1e999").replace(b"NaN", b"1e999")  # as another JSON writer spells it
+    assert quarantined(text).reason == Reason.NON_FINITE_NUMBER
 
 
 def test_full_record_is_not_mutated_by_parse():

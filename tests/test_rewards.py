@@ -60,6 +60,14 @@ def test_outcome_score_weight_on_last_step_only():
     assert parts == [{}, {}, {"outcome": 1.0, "outcome_score": 1.0}]
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf"), 10 ** 400])
+def test_non_finite_reward_or_score_counts_as_absent(bad):
+    recipe = RewardRecipe(success=1.0, failure=0.0, outcome_score=4.0, step_cost=0.0, source_reward=1.0)
+    scored = recipe.evaluate(episode(success=True, score=bad), [{"reward": 1.0}, {"reward": bad}])
+    assert scored.components == [{"source": 1.0}, {"outcome": 1.0}]
+    assert scored.return_to_go == [2.0, 1.0]
+
+
 def test_source_reward_zero_drops_source_term():
     recipe = RewardRecipe(source_reward=0.0)
     assert all("source" not in p for p in recipe.step_rewards(episode(), STEPS))

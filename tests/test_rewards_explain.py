@@ -153,6 +153,27 @@ def test_table_shortens_long_actions(tmp_path, capsys):
     assert ("x" * 17 + "...") in row and "second" not in row
 
 
+def test_non_finite_numbers_in_the_tables_never_make_a_nan_return(tmp_path, capsys):
+    """Ingest quarantines NaN/Infinity rewards and scores; tables written some other way may still
+    hold them: they count as absent, and the explanation shows no `nan`."""
+    rec = {"episode_id": "nf-1", "end_reason": "agent_stop", "outcome": {"success": True, "score": 1.0},
+           "steps": [{"action": "a", "reward": 1.0}, {"action": "b", "reward": 2.0}, {"action": "c"}]}
+    parsed = native.parse_line(json.dumps(rec).encode(), "mem.jsonl", 1)
+    parsed.steps[1]["reward"] = float("nan")
+    parsed.episode["outcome_score"] = float("inf")
+    (tmp_path / "i" / "episodes").mkdir(parents=True)
+    (tmp_path / "i" / "steps").mkdir()
+    pq.write_table(pa.Table.from_pylist([parsed.episode], schema=schemas.EPISODES), tmp_path / "i/episodes/p.parquet")
+    pq.write_table(pa.Table.from_pylist(parsed.steps, schema=schemas.STEPS), tmp_path / "i/steps/p.parquet")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("outcome_score: 2.0\n")
+    x = cli_rewards.explain(None, str(tmp_path / "i"), "nf-1", str(recipe))
+    assert x["return"] == pytest.approx(10.0 + 1.0 - 0.3) and "source" not in x["steps"][1]["components"]
+    assert "outcome_score" not in x["steps"][-1]["components"]
+    assert run(["rewards", "explain", "--ingest", str(tmp_path / "i"), "--episode", "nf-1", "--recipe", str(recipe)]) == 0
+    assert "nan" not in capsys.readouterr().out.lower()
+
+
 def test_json_output(ingest_dir, capsys):
     assert run(["rewards", "explain", "--ingest", ingest_dir["dir"], "--episode", "tc-1", "--json"]) == 0
     x = json.loads(capsys.readouterr().out)

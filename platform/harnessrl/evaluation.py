@@ -2,7 +2,9 @@
 
 Gold top-1: how often the critic ranks the expert's action first among the step's valid
 candidates, against a random scorer's expectation (mean of 1/|candidates|). The expert
-action is read from the logs' `info` for evaluation only; it is never a training input.
+action is read from the logs for evaluation only (a dotted path, `evaluate.expert_field`,
+default `info.expert_action`); it is never a training input. Held-out data without expert
+labels has no such figure: it is reported as not measured (None), never as NaN.
 """
 
 from __future__ import annotations
@@ -10,7 +12,10 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable
 
+from harnessrl.config import EvaluateConfig
 from harnessrl.transitions import untaken_candidates
+
+EXPERT_FIELD: str = EvaluateConfig.model_fields["expert_field"].default
 
 
 def candidate_features(t: dict[str, Any], candidates: list[str]) -> list[list[float]] | None:
@@ -24,21 +29,51 @@ def candidate_features(t: dict[str, Any], candidates: list[str]) -> list[list[fl
     return [by_text[c] for c in candidates]
 
 
-def gold_rows(transitions: Iterable[dict[str, Any]], limit: int | None = None) -> list[dict[str, Any]]:
+def expert_action(t: dict[str, Any], field: str = EXPERT_FIELD) -> str | None:
+    """The expert's action of a transition row at a dotted path: the first part names a column
+    (`info` is the step's JSON info object), the rest are keys inside it; None when absent."""
+    head, *keys = field.split(".")
+    value: Any = t.get(head)
+    if head == "info":
+        try:
+            value = json.loads(value or "{}")
+        except (TypeError, ValueError):
+            return None
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value if isinstance(value, str) and value else None
+
+
+def _row(t: dict[str, Any], candidates: list[str], expert: str | None) -> dict[str, Any]:
+    return {"state_text": t["state_text"], "candidates": candidates, "expert": expert,
+            "features": candidate_features(t, candidates), "episode_id": t["episode_id"], "step_idx": t["step_idx"]}
+
+
+def gold_rows(transitions: Iterable[dict[str, Any]], limit: int | None = None,
+              expert_field: str = EXPERT_FIELD) -> list[dict[str, Any]]:
     """Held-out steps whose candidates include a known expert action."""
     rows = []
     for t in transitions:
-        expert = json.loads(t.get("info") or "{}").get("expert_action")
+        expert = expert_action(t, expert_field)
         cands = t.get("candidates") or []
         if expert and len(cands) > 1 and expert in cands:
-            rows.append({"state_text": t["state_text"], "candidates": list(cands), "expert": expert,
-                         "features": candidate_features(t, list(cands)),
-                         "episode_id": t["episode_id"], "step_idx": t["step_idx"]})
+            rows.append(_row(t, list(cands), expert))
     rows.sort(key=lambda r: (r["episode_id"], r["step_idx"]))
     return rows[:limit] if limit else rows
 
 
-def gold_top1(critic, rows: list[dict[str, Any]], chunk: int = 64) -> dict[str, float]:
+def smoke_rows(transitions: list[dict[str, Any]], gold: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """`n` held-out states to score over HTTP, spread over the data: gold rows when there are any,
+    else any steps with candidates (or their logged action alone), with no expert to show."""
+    pool = gold or sorted((_row(t, list(t.get("candidates") or [t["action_text"]]), None) for t in transitions),
+                          key=lambda r: (r["episode_id"], r["step_idx"]))
+    if n <= 0 or not pool:
+        return []
+    return pool[::max(1, len(pool) // n)][:n]
+
+
+def gold_top1(critic, rows: list[dict[str, Any]], chunk: int = 64) -> dict[str, float | None]:
+    """Gold and random top-1 over `rows`; both None (not measured) when there are none."""
     hits, baseline = 0, 0.0
     for i in range(0, len(rows), chunk):
         part = rows[i:i + chunk]
@@ -50,5 +85,4 @@ def gold_top1(critic, rows: list[dict[str, Any]], chunk: int = 64) -> dict[str, 
             hits += row["candidates"][best] == row["expert"]
             baseline += 1.0 / len(row["candidates"])
     n = len(rows)
-    return {"steps": n, "gold_top1": hits / n if n else float("nan"),
-            "random_top1": baseline / n if n else float("nan")}
+    return {"steps": n, "gold_top1": hits / n if n else None, "random_top1": baseline / n if n else None}

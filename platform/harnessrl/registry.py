@@ -42,11 +42,24 @@ def ensure_experiment(name: str) -> str:
     return c.create_experiment(name, artifact_location=location)
 
 
-def git_sha() -> str:
+def git_sha(source: Path = Path(__file__)) -> str:
+    """The commit of the code that runs: the git repository holding `source` (this package's own
+    file), whatever the working directory is; `-dirty` when tracked files differ. "unknown" when
+    the package is not a git checkout (an installed wheel), or the repository around it does not
+    track it (a virtualenv inside some other project)."""
+    where = source.resolve().parent
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True, timeout=5)
+
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=5).stdout.strip()
-        return sha + ("-dirty" if dirty else "")
+        if git("ls-files", "--error-unmatch", source.name).returncode != 0:
+            return "unknown"
+        sha = git("rev-parse", "HEAD")
+        if sha.returncode != 0:
+            return "unknown"
+        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        return sha.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 

@@ -40,6 +40,10 @@ Components (name in the step dict <- YAML entry):
   learning, and no outcome term is given (the logged ending never happened). Without it,
   every matching step is penalised and the episode goes on.
 
+A logged reward or outcome score that is not a finite number (NaN, Infinity: ingest quarantines
+such records, `non_finite_number`, but tables can come from elsewhere) counts as absent, like an
+`info` number that is not finite: one NaN would otherwise make every return before it NaN.
+
 Steps are taken in `step_idx` order. The tool-calling components read the `tool_calls`
 structs of the steps table (`name`, `arguments_json`, `is_error`); the `info` ones its JSON
 `info` (DESIGN §4).
@@ -223,9 +227,10 @@ class RewardRecipe(_Strict):
 
             if self.step_cost:
                 parts["step_cost"] = -self.step_cost
-            if self.source_reward and step.get("reward") is not None:
-                parts["source"] = self.source_reward * float(step["reward"])
-                why.append(("source", f"source: logged reward {float(step['reward']):g}"))
+            logged = _number(step.get("reward"))
+            if self.source_reward and logged is not None:
+                parts["source"] = self.source_reward * logged
+                why.append(("source", f"source: logged reward {logged:g}"))
 
             tests = _number(info.get("tests_passed"))
             if tests is not None:
@@ -295,9 +300,10 @@ class RewardRecipe(_Strict):
                     elif success is False:
                         parts["outcome"] = self.failure
                         why.append(("outcome", "outcome: failure"))
-                if self.outcome_score and episode.get("outcome_score") is not None:
-                    parts["outcome_score"] = self.outcome_score * float(episode["outcome_score"])
-                    why.append(("outcome_score", f"outcome_score: {float(episode['outcome_score']):g}"))
+                score = _number(episode.get("outcome_score"))
+                if self.outcome_score and score is not None:
+                    parts["outcome_score"] = self.outcome_score * score
+                    why.append(("outcome_score", f"outcome_score: {score:g}"))
             components.append({k: v + 0.0 for k, v in parts.items()})  # + 0.0: no -0.0 in reports
             notes.append([text for comp, text in why if parts.get(comp)])  # reasons of the nonzero terms
             if stop is not None:
@@ -338,9 +344,14 @@ def _info(raw: Any) -> dict[str, Any]:
 
 
 def _number(value: Any) -> float | None:
-    if isinstance(value, (bool, int, float)) and math.isfinite(value):
-        return float(value)
-    return None
+    """A finite number, else None (NaN, Infinity, an integer too large for a float, not a number)."""
+    if not isinstance(value, (bool, int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _first_match(patterns: tuple[str, ...], action: str, calls: list[dict[str, Any]]) -> str | None:

@@ -1,7 +1,8 @@
 """Anthropic Messages conversations (one JSON object per JSONL line) -> episode and step rows.
 
 Record: {"id" (or "episode_id"), "messages": [...], "system"?: str | text blocks, "tools"?,
-"model"?, "outcome"?, "metadata"?}. Episode id: `stable_episode_id("anthropic", id)`.
+"model"?, "outcome"?, "metadata"?}. Episode id: `stable_episode_id("anthropic", id)`; a record
+without an id gets one derived from its file and line, flagged `derived_episode_id`.
 Shared rules: `formats/common.py`. Specific to this format:
 
 - an assistant message is one step: `tool_use` (and `server_tool_use`) blocks are its calls
@@ -10,7 +11,8 @@ Shared rules: `formats/common.py`. Specific to this format:
 - a user message's `tool_result` blocks are joined by `tool_use_id`; `is_error` becomes the call's
   `is_error` (and `[error]` in the step's result text); its other blocks are observation text
   (the first user text before any assistant turn is the task; images become `[image]`).
-- other block types are dropped and flagged `unsupported_item`; other roles `unknown_role`.
+- other block types are dropped and flagged `unsupported_item`; other roles `unknown_role`; a
+  role that is not a string is a broken record (`wrong_type`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from harnessrl.formats.common import (
     pick,
     read_header,
     required_list,
+    role_of,
     str_or_none,
 )
 from harnessrl.formats.native import ParsedEpisode, Quarantined, Reason
@@ -88,7 +91,7 @@ def _user(msg: dict[str, Any], where: str, role: str, ctx: Ctx) -> list[tuple[st
 
 def _message(raw: Any, where: str, ctx: Ctx) -> list[tuple[str, Event]]:
     msg = as_object(raw, where)
-    role = str_or_none(msg.get("role"))
+    role = role_of(msg, "role", where)
     if role == "assistant":
         return [(where, _assistant(msg, where, ctx))]
     if role not in ("user", "system"):
@@ -98,7 +101,7 @@ def _message(raw: Any, where: str, ctx: Ctx) -> list[tuple[str, Event]]:
 
 
 def _convert(record: dict[str, Any], ctx: Ctx) -> tuple[Header, list[tuple[str, Event]]]:
-    header = read_header(record, ctx, ("id", "episode_id"), "metadata", KNOWN_KEYS)
+    header = read_header(record, ctx, ("id", "episode_id"), "metadata", KNOWN_KEYS, derive_id=True)
     header.model = ctx.text(record.get("model"), "model")
     header.tools = record.get("tools")
     header.system_prompt = ctx.content(record.get("system"), "system")
@@ -106,6 +109,7 @@ def _convert(record: dict[str, Any], ctx: Ctx) -> tuple[Header, list[tuple[str, 
     return header, [ev for i, m in enumerate(messages) for ev in _message(m, f"messages[{i}]", ctx)]
 
 
-def parse_line(line: bytes, source_uri: str, line_no: int) -> ParsedEpisode | Quarantined:
+def parse_line(line: bytes, source_uri: str, line_no: int, source_digest: str | None = None
+               ) -> ParsedEpisode | Quarantined:
     """One Anthropic Messages conversation -> an episode with its steps, or a quarantine reason."""
-    return parse_with(SOURCE_FORMAT, _convert, line, source_uri, line_no)
+    return parse_with(SOURCE_FORMAT, _convert, line, source_uri, line_no, source_digest)

@@ -46,7 +46,7 @@ from harnessrl.formats.common import (
     pick,
     read_header,
     required_list,
-    str_or_none,
+    role_of,
 )
 from harnessrl.formats.native import ParsedEpisode, Quarantined, Reason
 
@@ -102,7 +102,7 @@ def _result(raw: Any, where: str, from_agent: bool, role: str, ctx: Ctx) -> Even
 
 def _step(raw: Any, where: str, ctx: Ctx) -> list[tuple[str, Event]]:
     step = as_object(raw, where)
-    source = str_or_none(step.get("source"))
+    source = role_of(step, "source", where)
     events: list[tuple[str, Event]] = []
     if source == "agent":
         events.append((where, _agent_step(step, where, ctx)))
@@ -136,6 +136,8 @@ def _convert(record: dict[str, Any], ctx: Ctx) -> tuple[Header, list[tuple[str, 
     return header, [ev for i, s in enumerate(steps) for ev in _step(s, f"steps[{i}]", ctx)]
 
 
-def parse_line(line: bytes, source_uri: str, line_no: int) -> ParsedEpisode | Quarantined:
-    """One ATIF trajectory document -> an episode with its steps, or a quarantine reason."""
-    return parse_with(SOURCE_FORMAT, _convert, line, source_uri, line_no)
+def parse_line(line: bytes, source_uri: str, line_no: int, source_digest: str | None = None
+               ) -> ParsedEpisode | Quarantined:
+    """One ATIF trajectory document -> an episode with its steps, or a quarantine reason. ATIF
+    requires a session_id: no id is derived (`source_digest` is not used)."""
+    return parse_with(SOURCE_FORMAT, _convert, line, source_uri, line_no, source_digest)

@@ -16,6 +16,11 @@ the mapping rules and the anomaly flags are the same for every format:
 - end: `end_reason` from the record (or its metadata), else `agent_stop` when the last step has no
   tool calls, else `unknown` (truncated: the log stops mid-loop), as in the native reader.
 - outcome: `outcome` {success|resolved: bool, score|reward: number} on the record or its metadata.
+- ids: the record's own id; OpenAI and Anthropic exports (and fine-tuning files) often have none,
+  so those readers derive one from the source file's content digest and the line
+  (`derived_id`: stable across re-ingests and renames) and flag it `derived_episode_id`.
+- numbers: a reward or score that is NaN, Infinity or too large is quarantined
+  (`non_finite_number`): it would make every return through it NaN.
 - flags (`Flag`) keep the episode: listed in the step's info `flags`, counted in the episode
   metadata `ingest_flags`. Anything else wrong is a `Quarantined` with a `Reason` code; a reader
   bug becomes `Reason.PARSER_ERROR` rather than an exception (tests assert it never happens).
@@ -23,6 +28,7 @@ the mapping rules and the anomaly flags are the same for every format:
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -54,6 +60,7 @@ class Flag:
     EMPTY_TURN = "empty_turn"  # an assistant turn with neither text nor tool calls: no step
     UNKNOWN_ROLE = "unknown_role"  # message of an unknown role: its text kept as observation
     UNSUPPORTED_ITEM = "unsupported_item"  # item/block type not mapped: dropped, named in lost_fields
+    DERIVED_EPISODE_ID = "derived_episode_id"  # the record has no id: native_id is `derived_id(...)`
 
 
 # ---- events ------------------------------------------------------------------------------------
@@ -96,11 +103,13 @@ Event = Said | Decided | Returned | Feedback
 
 # ---- per-record context ------------------------------------------------------------------------
 class Ctx:
-    """Per-record state: `lost` (-> lost_fields) and flag counts (-> metadata ingest_flags)."""
+    """Per-record state: `lost` (-> lost_fields), flag counts (-> metadata ingest_flags) and the id
+    to use when the record has none (`derived_id` of its file and line)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fallback_id: str = "") -> None:
         self.lost: list[str] = []
         self.flags: Counter[str] = Counter()
+        self.fallback_id = fallback_id
 
     def text(self, value: Any, where: str, required: bool = False) -> str:
         """A scalar text field, bounded and flagged like the native reader does."""
@@ -152,6 +161,15 @@ def label(value: Any) -> str:
 
 def str_or_none(value: Any) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def role_of(msg: dict[str, Any], key: str, where: str) -> str | None:
+    """A message's role (or ATIF step's source): None when absent, a wrong type is quarantined
+    (a `role` of 5 is a broken record, not an unknown speaker)."""
+    value = msg.get(key)
+    if value is not None and not isinstance(value, str):
+        raise Bad(Reason.WRONG_TYPE, f"{where}.{key} must be a string, got {type(value).__name__}")
+    return value
 
 
 def as_object(value: Any, where: str) -> dict[str, Any]:
@@ -211,11 +229,20 @@ class Header:
     outcome: Any = None  # the outcome object as read (-> signals table, verbatim)
 
 
-def native_id_of(record: dict[str, Any], keys: Iterable[str]) -> str:
-    """The first of `keys` that is present: a non-blank string or an integer, as in native."""
+def derived_id(source_digest: str, line_no: int) -> str:
+    """The native id of a record that names none: its file's content digest and its line."""
+    return f"{source_digest.removeprefix('sha256:')[:16]}:{line_no}"
+
+
+def native_id_of(record: dict[str, Any], keys: Iterable[str], ctx: Ctx | None = None) -> str:
+    """The first of `keys` that is present: a non-blank string or an integer, as in native. With a
+    `ctx` (formats whose exports often carry no id), a missing one is `ctx.fallback_id`, flagged."""
     keys = tuple(keys)
     value = next((record[k] for k in keys if record.get(k) is not None), None)
     if value is None or (isinstance(value, str) and not value.strip()):
+        if ctx is not None and ctx.fallback_id:
+            ctx.flag(Flag.DERIVED_EPISODE_ID)
+            return ctx.fallback_id
         raise Bad(Reason.MISSING_EPISODE_ID, f"{' / '.join(keys)} is missing or empty")
     if not isinstance(value, (str, int)) or isinstance(value, bool):
         raise Bad(Reason.WRONG_TYPE, f"{keys[0]} must be a string or integer")
@@ -244,10 +271,11 @@ def outcome_of(value: Any) -> tuple[bool | None, float | None]:
 
 
 def read_header(record: dict[str, Any], ctx: Ctx, id_keys: Iterable[str], meta_key: str,
-                known: Iterable[str]) -> Header:
+                known: Iterable[str], derive_id: bool = False) -> Header:
     """Ids, outcome and metadata, read from the record or else from its metadata object
-    (`meta_key`); keys outside `known` are kept in metadata `extra`, as the native reader does."""
-    native_id = native_id_of(record, id_keys)
+    (`meta_key`); keys outside `known` are kept in metadata `extra`, as the native reader does.
+    `derive_id`: a record without an id gets `ctx.fallback_id` (see `native_id_of`)."""
+    native_id = native_id_of(record, id_keys, ctx if derive_id else None)
     meta = record.get(meta_key)
     meta_obj = meta if isinstance(meta, dict) else {}
 
@@ -463,13 +491,16 @@ def load_record(line: bytes) -> dict[str, Any] | Quarantined:
 Convert = Callable[[dict[str, Any], Ctx], tuple[Header, list[tuple[str, Event]]]]
 
 
-def parse_with(fmt: str, convert: Convert, line: bytes, source_uri: str,
-               line_no: int) -> ParsedEpisode | Quarantined:
-    """The reader boundary: never raises, every record becomes an episode or a quarantine."""
+def parse_with(fmt: str, convert: Convert, line: bytes, source_uri: str, line_no: int,
+               source_digest: str | None = None) -> ParsedEpisode | Quarantined:
+    """The reader boundary: never raises, every record becomes an episode or a quarantine.
+    `source_digest`: the file's content digest, for `derived_id` (ingest passes it; without
+    one, the digest of the URI stands in)."""
     record = load_record(line)
     if isinstance(record, Quarantined):
         return record
-    ctx = Ctx()
+    digest = source_digest or hashlib.sha256(source_uri.encode("utf-8", "replace")).hexdigest()
+    ctx = Ctx(derived_id(digest, line_no))
     try:
         header, events = convert(record, ctx)
         return build_episode(fmt, header, fold(events, ctx), ctx, source_uri, line_no)

@@ -3,7 +3,7 @@
 `detect_format` looks at one record only (the first JSONL line, or the whole document for a
 pretty-printed ATIF file); when the given bytes hold no complete record it falls back to key
 markers in the text. It returns `UNKNOWN` rather than guessing, so the caller can stop with a
-clear error or ask for an explicit format. A plain conversation of only user/assistant string
+clear error or ask for an explicit format, and `EMPTY` for a file with nothing but whitespace. A plain conversation of only user/assistant string
 messages fits both message formats: it is read as "openai-chat" (the readers agree on it).
 """
 
@@ -17,7 +17,8 @@ from typing import Any
 from harnessrl.formats import anthropic, atif, native, openai_chat, openai_responses
 from harnessrl.formats.native import ParsedEpisode, Quarantined
 
-Parser = Callable[[bytes, str, int], "ParsedEpisode | Quarantined"]
+# (line, source_uri, line_no, source_digest) -> an episode or a quarantine; see formats/common.py
+Parser = Callable[[bytes, str, int, "str | None"], "ParsedEpisode | Quarantined"]
 
 PARSERS: dict[str, Parser] = {
     "native": native.parse_line,
@@ -28,6 +29,7 @@ PARSERS: dict[str, Parser] = {
 }
 FORMATS = tuple(PARSERS)
 UNKNOWN = "unknown"
+EMPTY = "empty"  # no record at all: nothing to read, nothing to quarantine
 
 RESPONSES_ITEMS = {"message", "reasoning", "function_call", "function_call_output"}
 ANTHROPIC_BLOCKS = {"tool_use", "tool_result", "thinking", "redacted_thinking", "server_tool_use"}
@@ -42,7 +44,7 @@ SNIFF = [
     ("openai-responses", re.compile(r'"type"\s*:\s*"(function_call|function_call_output|reasoning)"|"call_id"\s*:'
                                     r'|"instructions"\s*:|"object"\s*:\s*"response"')),
     ("openai-chat", re.compile(r'"tool_call_id"\s*:|"tool_calls"\s*:|"role"\s*:\s*"(system|developer|tool)"'
-                               r'|"function"\s*:\s*\{')),
+                               r'|"function(_call)?"\s*:\s*\{')),
 ]
 
 
@@ -77,7 +79,8 @@ def classify(record: Any) -> str:
         return UNKNOWN
     if _kinds([b for m in messages for b in _dicts(m.get("content"))], "type") & ANTHROPIC_BLOCKS:
         return "anthropic"
-    if _kinds(messages, "role") & CHAT_ROLES or any("tool_calls" in m or "tool_call_id" in m for m in messages):
+    if _kinds(messages, "role") & CHAT_ROLES or any(
+            "tool_calls" in m or "tool_call_id" in m or "function_call" in m for m in messages):
         return "openai-chat"
     return "anthropic" if "system" in record else "openai-chat"
 
@@ -92,8 +95,10 @@ def _first_record(text: str) -> Any:
 
 
 def detect_format(first_bytes: bytes) -> str:
-    """One of `FORMATS` for the first record in `first_bytes`, or `UNKNOWN`."""
+    """One of `FORMATS` for the first record in `first_bytes`, `UNKNOWN`, or `EMPTY`."""
     text = first_bytes.decode("utf-8", "replace").lstrip("\ufeff \t\r\n")
+    if not text:
+        return EMPTY
     record = _first_record(text)
     if record is not None:
         return classify(record)

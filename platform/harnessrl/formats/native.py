@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,10 +29,14 @@ class Reason:
     STEP_WITHOUT_ACTION = "step_without_action"
     WRONG_TYPE = "wrong_type"
     DUPLICATE_EPISODE_ID = "duplicate_episode_id"
+    NON_FINITE_NUMBER = "non_finite_number"  # NaN, Infinity or a number too large for a float (reward, score)
     # Used by the other readers (formats/common.py, formats/detect.py):
     UNSUPPORTED_VERSION = "unsupported_version"  # e.g. an ATIF schema_version other than ATIF-v1.x
     UNKNOWN_FORMAT = "unknown_format"  # a record whose shape no reader recognises
     PARSER_ERROR = "parser_error"  # a reader bug caught at the boundary; tests assert it never happens
+    # Set by ingest itself, before any reader sees the bytes (pipelines/ingest.py):
+    CORRUPT_FILE = "corrupt_file"  # a .gz that does not decompress: the rest of the file is unreadable
+    LINE_TOO_LONG = "line_too_long"  # a line over the ingest's max_line_bytes: skipped, never held whole
 
 
 @dataclass
@@ -78,11 +83,19 @@ def _text(value: Any, field: str, lost: list[str], required: bool = False) -> st
 
 
 def _number(value: Any, field: str) -> float | None:
+    """A finite number or None. Python's JSON reader accepts NaN, Infinity and 1e999; such a value
+    would turn every return computed through it into NaN, so the record is quarantined instead."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _Bad(Reason.WRONG_TYPE, f"{field} must be a number, got {type(value).__name__}")
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an integer with hundreds of digits
+        raise _Bad(Reason.NON_FINITE_NUMBER, f"{field} is too large for a float") from None
+    if not math.isfinite(number):
+        raise _Bad(Reason.NON_FINITE_NUMBER, f"{field} is {number!r}, not a finite number")
+    return number
 
 
 def _tool_call(raw: Any, where: str, lost: list[str]) -> dict[str, Any]:
@@ -223,8 +236,10 @@ def _episode(record: dict[str, Any], source_uri: str, line_no: int) -> ParsedEpi
     return ParsedEpisode(episode, steps, record.get("outcome"))
 
 
-def parse_line(line: bytes, source_uri: str, line_no: int) -> ParsedEpisode | Quarantined:
-    """One native JSONL line -> an episode with its steps, or a quarantine reason."""
+def parse_line(line: bytes, source_uri: str, line_no: int, source_digest: str | None = None
+               ) -> ParsedEpisode | Quarantined:
+    """One native JSONL line -> an episode with its steps, or a quarantine reason. `source_digest`
+    (the file's content digest) is not used: a native record must name its episode_id."""
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as exc:

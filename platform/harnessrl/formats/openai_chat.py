@@ -1,7 +1,9 @@
 """OpenAI Chat Completions conversations (one JSON object per JSONL line) -> episode and step rows.
 
 Record: {"id" (or "episode_id"), "messages": [...], "tools"?, "model"?, "outcome"?, "metadata"?}.
-Episode id: `stable_episode_id("openai-chat", id)`. The mapping rules shared with the other
+Episode id: `stable_episode_id("openai-chat", id)`; a record without an id (exported
+conversations, fine-tuning files) gets one derived from its file and line, flagged
+`derived_episode_id`. The mapping rules shared with the other
 conversation readers are in `formats/common.py`; what is specific to this format:
 
 - system/developer messages before the first assistant turn: the system prompt; the first user
@@ -12,7 +14,12 @@ conversation readers are in `formats/common.py`; what is specific to this format
 - `tool` messages are joined to calls by `tool_call_id`; the format has no error flag, an
   optional boolean `is_error` on the tool message is honoured.
 - `arguments` is kept verbatim; text that is not JSON is flagged `arguments_not_json`.
-- other roles (e.g. legacy `function`): text kept as observation, flagged `unknown_role`.
+- the legacy (pre-`tools`) form: an assistant `function_call` {name, arguments} is the step's
+  call, and the `function` message after it is its result (joined in order: the legacy API
+  makes one call per turn and has no call ids; the call's id is its position, e.g.
+  `messages[2].function_call`).
+- other roles: text kept as observation, flagged `unknown_role`; a role that is not a string
+  is a broken record (`wrong_type`).
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from harnessrl.formats.common import (
     pick,
     read_header,
     required_list,
-    str_or_none,
+    role_of,
 )
 from harnessrl.formats.native import ParsedEpisode, Quarantined
 
@@ -48,24 +55,32 @@ def _call(raw: Any, where: str, ctx: Ctx) -> dict[str, Any]:
     return ctx.call(call.get("id"), fn.get("name"), fn.get("arguments"), f"{where}.function")
 
 
-def _assistant(msg: dict[str, Any], where: str, ctx: Ctx) -> Decided:
+def _assistant(msg: dict[str, Any], where: str, ctx: Ctx, legacy: list[str]) -> Decided:
     calls_raw = optional_list(msg.get("tool_calls"), f"{where}.tool_calls")
     calls = [_call(c, f"{where}.tool_calls[{j}]", ctx) for j, c in enumerate(calls_raw)]
+    if msg.get("function_call") is not None:
+        fn = as_object(msg["function_call"], f"{where}.function_call")
+        call_id = f"{where}.function_call"
+        calls.append(ctx.call(call_id, fn.get("name"), fn.get("arguments"), call_id))
+        legacy.append(call_id)
     text = ctx.content(msg.get("content"), f"{where}.content") or ctx.text(msg.get("refusal"), f"{where}.refusal")
     reasoning = msg.get("reasoning_content") if msg.get("reasoning_content") is not None else msg.get("reasoning")
     return Decided(text, ctx.content(reasoning, f"{where}.reasoning"), calls,
                    pick(msg, "finish_reason", "usage", "name"))
 
 
-def _message(raw: Any, where: str, ctx: Ctx) -> Event:
+def _message(raw: Any, where: str, ctx: Ctx, legacy: list[str]) -> Event:
+    """One message as an event; `legacy` holds the ids of legacy function calls not yet answered."""
     msg = as_object(raw, where)
-    role = str_or_none(msg.get("role"))
+    role = role_of(msg, "role", where)
     if role == "assistant":
-        return _assistant(msg, where, ctx)
+        return _assistant(msg, where, ctx, legacy)
     content = ctx.content(msg.get("content"), f"{where}.content")
     if role == "tool":
         call_id = ctx.text(msg.get("tool_call_id"), f"{where}.tool_call_id")
         return Returned(call_id, content, error_flag(msg.get("is_error"), f"{where}.is_error"))
+    if role == "function":  # no call id: the latest legacy call (none: an orphan result, flagged)
+        return Returned(legacy.pop() if legacy else "", content, error_flag(msg.get("is_error"), f"{where}.is_error"))
     if role in ("system", "developer"):
         return Said("system", content)
     if role == "user":
@@ -75,13 +90,15 @@ def _message(raw: Any, where: str, ctx: Ctx) -> Event:
 
 
 def _convert(record: dict[str, Any], ctx: Ctx) -> tuple[Header, list[tuple[str, Event]]]:
-    header = read_header(record, ctx, ("id", "episode_id"), "metadata", KNOWN_KEYS)
+    header = read_header(record, ctx, ("id", "episode_id"), "metadata", KNOWN_KEYS, derive_id=True)
     header.model = ctx.text(record.get("model"), "model")
     header.tools = record.get("tools")
     messages = required_list(record, "messages")
-    return header, [(f"messages[{i}]", _message(m, f"messages[{i}]", ctx)) for i, m in enumerate(messages)]
+    legacy: list[str] = []
+    return header, [(f"messages[{i}]", _message(m, f"messages[{i}]", ctx, legacy)) for i, m in enumerate(messages)]
 
 
-def parse_line(line: bytes, source_uri: str, line_no: int) -> ParsedEpisode | Quarantined:
+def parse_line(line: bytes, source_uri: str, line_no: int, source_digest: str | None = None
+               ) -> ParsedEpisode | Quarantined:
     """One Chat Completions conversation -> an episode with its steps, or a quarantine reason."""
-    return parse_with(SOURCE_FORMAT, _convert, line, source_uri, line_no)
+    return parse_with(SOURCE_FORMAT, _convert, line, source_uri, line_no, source_digest)

@@ -2,7 +2,8 @@
 
 Record: {"id" (or "episode_id"), "input": str | [items], "items"?: [items], "output"?: [items],
 "instructions"?, "tools"?, "model"?, "outcome"?, "metadata"?}; the three item lists are read in
-that order. Episode id: `stable_episode_id("openai-responses", id)`. Shared rules: `formats/common.py`.
+that order. Episode id: `stable_episode_id("openai-responses", id)`; a record without an id gets
+one derived from its file and line, flagged `derived_episode_id`. Shared rules: `formats/common.py`.
 
 Items are flat, so a decision is a run of consecutive model-side items (`reasoning`, assistant
 `message`, `function_call`) with no input item between them: parallel function calls and the
@@ -31,6 +32,7 @@ from harnessrl.formats.common import (
     optional_list,
     parse_with,
     read_header,
+    role_of,
     str_or_none,
 )
 from harnessrl.formats.native import ParsedEpisode, Quarantined, Reason
@@ -84,7 +86,7 @@ def _input_event(item: dict[str, Any], kind: str | None, where: str, ctx: Ctx) -
     if kind != "message":
         ctx.unsupported(item.get("type"), where)
         return None
-    role = str_or_none(item.get("role"))
+    role = role_of(item, "role", where)
     content = ctx.content(item.get("content"), f"{where}.content")
     if role in ("system", "developer"):
         return Said("system", content)
@@ -100,7 +102,7 @@ def _events(items: list[tuple[str, Any]], ctx: Ctx) -> list[tuple[str, Event]]:
     for where, raw in items:
         item = as_object(raw, where)
         kind = str_or_none(item.get("type")) or ("message" if "role" in item else None)
-        role = str_or_none(item.get("role"))
+        role = role_of(item, "role", where)
         if kind in ("reasoning", "function_call") or (kind == "message" and role == "assistant"):
             turn = turn or _Turn(where)
             if kind == "reasoning":
@@ -124,13 +126,14 @@ def _events(items: list[tuple[str, Any]], ctx: Ctx) -> list[tuple[str, Event]]:
 
 
 def _convert(record: dict[str, Any], ctx: Ctx) -> tuple[Header, list[tuple[str, Event]]]:
-    header = read_header(record, ctx, ("id", "episode_id"), "metadata", KNOWN_KEYS)
+    header = read_header(record, ctx, ("id", "episode_id"), "metadata", KNOWN_KEYS, derive_id=True)
     header.model = ctx.text(record.get("model"), "model")
     header.tools = record.get("tools")
     header.system_prompt = ctx.content(record.get("instructions"), "instructions")
     return header, _events(_items(record), ctx)
 
 
-def parse_line(line: bytes, source_uri: str, line_no: int) -> ParsedEpisode | Quarantined:
+def parse_line(line: bytes, source_uri: str, line_no: int, source_digest: str | None = None
+               ) -> ParsedEpisode | Quarantined:
     """One Responses API conversation -> an episode with its steps, or a quarantine reason."""
-    return parse_with(SOURCE_FORMAT, _convert, line, source_uri, line_no)
+    return parse_with(SOURCE_FORMAT, _convert, line, source_uri, line_no, source_digest)
