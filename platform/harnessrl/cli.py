@@ -186,7 +186,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         serving.delete()
         print(f"removed the app '{serving.APP_NAME}' from the cluster", flush=True)
         return 0
+    from harnessrl.serving import auth
+
     cfg = _serve_config(args)  # before Ray starts: a bad config is exit code 2 at once
+    auth.resolve_token()  # so is an empty or unreadable API token
     if cfg.decision_log is None:
         cfg = cfg.model_copy(update={"decision_log": str(settings.home() / "decisions")})
     if args.action == "deploy":
