@@ -169,7 +169,7 @@ class CriticService:
         self.reload_every_s = cfg.reload_every_s
         self._reloader: asyncio.Task | None = None
         replica = serve.get_replica_context().replica_id.unique_id
-        self.log = DecisionLog(cfg.decision_log, replica) if cfg.decision_log else None
+        self.log = DecisionLog(cfg.decision_log, replica, fields=cfg.decision_log_fields) if cfg.decision_log else None
         # One replica per process; the middleware finds it through the module (Serve pickles this
         # class by value, so a global assigned here would not be the module's).
         self.metrics = metrics.install(metrics.ServiceMetrics(
