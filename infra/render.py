@@ -61,9 +61,10 @@ def ray_version() -> str:
 def _env(serving: bool) -> list[dict]:
     env = [{"name": "MLFLOW_TRACKING_URI", "value": MLFLOW_URI},
            {"name": "HARNESSRL_HOME", "value": HOME}]
-    if serving:  # bearer token of /v1/* (serving/app.py); without the Secret the API is open
+    if serving:  # bearer token of /v1/* (serving/auth.py). Not optional: the proxy listens on 0.0.0.0, and a
+        # missing Secret must keep the pods from starting rather than serve an open API
         env.append({"name": "HARNESSRL_API_TOKEN", "valueFrom": {"secretKeyRef": {
-            "name": "harnessrl-api-token", "key": "token", "optional": True}}})
+            "name": "harnessrl-api-token", "key": "token"}}})
     return env
 
 

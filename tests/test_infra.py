@@ -291,5 +291,37 @@ def test_secrets_and_services_referenced_exist():
     assert "--artifacts-destination=s3://" in args
 
 
+def _containers(doc: dict) -> list[dict]:
+    templates = ([t for _, t in pod_templates(doc)] if doc["apiVersion"].startswith("ray.io/")
+                 else [doc["spec"]["template"]] if doc["kind"] in ("Deployment", "StatefulSet") else [])
+    return [c for t in templates for c in t["spec"]["containers"]]
+
+
+def test_secrets_stay_out_of_command_lines_and_the_api_token_is_required():
+    """No container expands a Secret's value into its command or arguments (`$(VAR)`: visible to
+    every process on the node and in the pod spec's resolved form); the API token Secret of the
+    service is not optional (without it the pods would serve an open API on 0.0.0.0)."""
+    secret_keys = {d["metadata"]["name"]: set(d["stringData"]) for _, d in all_documents() if d["kind"] == "Secret"}
+    checked = 0
+    for where, doc in all_documents():
+        for c in _containers(doc):
+            from_secrets = {e["name"] for e in c.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})}
+            from_secrets |= {k for ref in c.get("envFrom", []) if "secretRef" in ref
+                             for k in secret_keys[ref["secretRef"]["name"]]}
+            line = " ".join(map(str, c.get("command", []) + c.get("args", [])))
+            leaked = sorted(v for v in from_secrets if f"$({v})" in line)
+            assert not leaked, f"{where} container {c['name']}: {leaked} expanded into its command line"
+            for e in c.get("env", []):
+                ref = e.get("valueFrom", {}).get("secretKeyRef")
+                if ref and e["name"] == "HARNESSRL_API_TOKEN":
+                    assert not ref.get("optional", False), f"{where}: the API token Secret is optional"
+                    checked += 1
+    assert checked >= 2  # the RayService's head and worker containers
+    (mlflow,) = [d for _, d in all_documents() if d["kind"] == "Deployment" and d["metadata"]["name"] == "mlflow"]
+    (server,) = _containers(mlflow)
+    assert not any(a.startswith("--backend-store-uri") for a in server["args"])
+    assert "MLFLOW_BACKEND_STORE_URI" in {e["name"] for e in server["env"]}  # mlflow server reads it itself
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
