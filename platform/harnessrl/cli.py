@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from harnessrl import settings
 from harnessrl.errors import ConfigError, HarnessError
 
 log = logging.getLogger("harnessrl")
@@ -73,18 +74,12 @@ def print_summary(s: dict[str, Any]) -> None:
         lines.append(f"served #{i}    '{state}' -> '{pick}' (score {a['scores'][a['best_index']]:.2f}, "
                      f"{len(a['candidates'])} candidates, gold '{a['expert']}', fallback {a['fallback']})")
     lines += [
-        f"outputs      {s['output_dir']}",
+        f"outputs      {settings.redact(s['output_dir'])}",
         f"mlflow       run {m['run_id']} in experiment '{m['experiment']}'; browse with: "
-        f".venv/bin/mlflow ui --backend-store-uri {_tracking()} --host 127.0.0.1",
+        f".venv/bin/mlflow ui --backend-store-uri {settings.redact(settings.tracking_uri())} --host 127.0.0.1",
         "",
     ]
     print("\n".join(lines))
-
-
-def _tracking() -> str:
-    from harnessrl import settings
-
-    return settings.tracking_uri()
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -175,7 +170,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import signal
     import time
 
-    from harnessrl import settings
     from harnessrl.ray_runtime import init_ray
     from harnessrl.serving import app as serving
 
@@ -323,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging(args.verbose)
+    settings.protect_tracking_uri()
     try:
         return args.fn(args)
     except HarnessError as exc:

@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from harnessrl.errors import ConfigError, HarnessError
+from harnessrl.settings import redact
 
 EXIT_LINEAGE_MISMATCH = 6
 EXIT_JOB_FAILED = 7
@@ -64,7 +65,7 @@ def job_client(address: str | None):
     except (ConnectionError, RuntimeError) as exc:  # Ray raises both for an unreachable or refusing head
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         hint = " (token auth: set RAY_AUTH_TOKEN or put the token in ~/.ray/auth_token)" if "auth" in msg.lower() else ""
-        raise HarnessError(f"cannot reach the Ray job API at {address}: {msg}{hint}") from None
+        raise HarnessError(f"cannot reach the Ray job API at {redact(address)}: {msg}{hint}") from None
 
 
 def _absolute(path: str | None) -> str | None:
@@ -138,7 +139,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             entrypoint_num_cpus=0,
         )
     print(f"submitted {job_id} (pipeline '{pipeline.get('name')}'); follow with: harnessrl jobs logs {job_id} "
-          f"--address {args.address} --follow", file=sys.stderr)
+          f"--address {redact(args.address or '')} --follow", file=sys.stderr)
     print(job_id)
     if not args.wait:
         return 0
