@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse
 from ray import serve
 
 from harnessrl.config import ServeConfig
+from harnessrl.serve_file import APP_NAME
 from harnessrl.features import repeats_here
 from harnessrl.serving import auth
 from harnessrl.serving.batching import CONCURRENT_BATCHES
@@ -37,7 +38,6 @@ from harnessrl.serving.api import (FeedbackRequest, FeedbackResponse, ModelInfo,
                                    ScoreResponse, SelectToolRequest, SelectToolResponse)
 
 log = logging.getLogger(__name__)
-APP_NAME = "harnessrl"
 api = FastAPI(title="harnessrl critic", version="1", description="Score candidate next actions for LLM agents.")
 
 

@@ -177,7 +177,10 @@ def test_rayservice_serve_config_is_serve_yaml_and_builds():
     schema = ServeDeploySchema.model_validate(yaml.safe_load(service["spec"]["serveConfigV2"]))
     (app,) = schema.applications
     serve_yaml = yaml.safe_load((ROOT / "serving" / "serve.yaml").read_text())
-    assert app.args == serve_yaml
+    # the args are serve.yaml's settings but where the proxy listens (http_options)
+    assert ServeConfig.model_validate(app.args) == ServeConfig.model_validate(serve_yaml).model_copy(
+        update={"host": ServeConfig().host, "port": ServeConfig().port})
+    assert not {"host", "port"} & set(app.args)
     assert app.name == APP_NAME and app.route_prefix == "/"
     assert schema.http_options.host == "0.0.0.0" and schema.http_options.port == serve_yaml["port"]
     module, _, attr = app.import_path.partition(":")
@@ -193,6 +196,34 @@ def test_rayservice_serve_config_is_serve_yaml_and_builds():
     assert (scaling.min_replicas, scaling.max_replicas) == (cfg.autoscaling.min_replicas,
                                                             cfg.autoscaling.max_replicas)
     assert deployment.ray_actor_options["num_cpus"] == cfg.num_cpus
+
+
+def test_serve_config_command_prints_the_rayservice_file(tmp_path):
+    """`harnessrl serve config` prints a Ray Serve config file: Ray's schema accepts it, Ray's own
+    config loader builds the app from it, and it is the RayService's serveConfigV2 but where the
+    proxy listens."""
+    import subprocess
+
+    from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
+    from ray.serve.deployment import Application
+    from ray.serve.schema import ServeDeploySchema
+
+    out = subprocess.run([sys.executable, "-m", "harnessrl", "serve", "config", "--config",
+                          str(ROOT / "serving" / "serve.yaml")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    generated = yaml.safe_load(out.stdout)
+    schema = ServeDeploySchema.model_validate(generated)
+    assert schema.http_options.host == "127.0.0.1"  # serve.yaml's host, for `serve run` on this machine
+    (service,) = [d for _, d in kuberay_objects() if d["kind"] == "RayService"]
+    in_manifest = yaml.safe_load(service["spec"]["serveConfigV2"])
+    assert {**generated, "http_options": in_manifest["http_options"]} == in_manifest
+    (app,) = schema.applications
+    module, _, attr = app.import_path.partition(":")
+    built = call_user_app_builder_with_args_if_necessary(getattr(importlib.import_module(module), attr), app.args)
+    assert isinstance(built, Application)
+    bad = subprocess.run([sys.executable, "-m", "harnessrl", "serve", "config", "--set", "max_batch_sise=3",
+                          "--model", "m@champion"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "max_batch_sise" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_app_builder_refuses_bad_args():
