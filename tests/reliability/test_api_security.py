@@ -193,3 +193,23 @@ def test_request_models_refuse_what_the_api_refuses():
         with pytest.raises(ValidationError):
             Outcome.model_validate({"score": bad})
     assert FeedbackRequest.model_validate({"decision_id": "d", "outcome": {"score": -3.5}}).outcome.score == -3.5
+
+
+def test_build_app_refuses_a_bad_token_and_forwards_a_good_one(tmp_path, monkeypatch):
+    """build_app (behind `harnessrl serve`, serving.start and the Serve config file's app_builder)
+    resolves the token before anything is deployed, and hands the replicas where to find it."""
+    from harnessrl.config import ServeConfig
+    from harnessrl.errors import ConfigError
+    from harnessrl.serving.app import app_builder, build_app
+
+    empty = tmp_path / "token"
+    empty.write_text("")
+    monkeypatch.setenv("HARNESSRL_API_TOKEN_FILE", str(empty))
+    monkeypatch.setenv("HARNESSRL_API_TOKEN", "also-set")
+    with pytest.raises(ConfigError, match="token file is empty"):
+        build_app("models:/m@champion", ServeConfig())
+    with pytest.raises(ConfigError, match="token file is empty"):
+        app_builder({"model": "m@champion"})
+    empty.write_text("tok-123\n")
+    env = build_app("models:/m@champion", ServeConfig())._bound_deployment.init_args[2]
+    assert env["HARNESSRL_API_TOKEN_FILE"] == str(empty)
