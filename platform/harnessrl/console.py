@@ -54,9 +54,10 @@ class _Bars:
         with self._lock:
             bar = self.bars.get(stage)
             if bar is None:
+                sized = _columns(self.stream) > 0  # a terminal that reports no width gets 100 columns
                 bar = self.bars[stage] = self._tqdm(
                     total=total, desc=stage, unit=f" {unit}" if unit else "it", file=self.stream,
-                    dynamic_ncols=True, leave=True, mininterval=0.5, smoothing=0.1)
+                    dynamic_ncols=sized, ncols=None if sized else 100, leave=True, mininterval=0.5, smoothing=0.1)
             if total is not None and bar.total != total:
                 bar.total = total
             bar.n = done
@@ -80,6 +81,13 @@ class _Bars:
         with self._lock:
             for name in ([stage] if stage else list(self.bars)):
                 self._close(name)
+
+
+def _columns(stream: IO[str]) -> int:
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (OSError, ValueError):
+        return 0
 
 
 class _ConsoleHandler(logging.Handler):
