@@ -16,7 +16,7 @@ import termios
 import time
 
 PROG = r'''
-import logging, os, sys, warnings
+import logging, os, sys, time, warnings
 from pathlib import Path
 from harnessrl import console
 from harnessrl.cli import _setup_logging, log
@@ -25,6 +25,8 @@ _setup_logging(False)
 with console.Console(Path(sys.argv[1]), log) as c:
     c.attach_ray()
     from ray._private import worker
+    with console.stage("ingest"):
+        time.sleep(2.5)
     log.info("encode: 5276 transitions; 2 actors")
     for done in (0, 500, 1000):
         log.info("encode: %d of 1000 texts encoded", done, extra=console.progress("encode", done, 1000, "texts"))
@@ -87,5 +89,6 @@ def test_console_shows_bars_on_a_terminal(tmp_path):
     assert "encode: 100%" in screen and "1000/1000" in screen  # tqdm's bar, not the progress lines
     assert "train: 100%" in screen and "200/200" in screen
     assert "encode: 500 of 1000 texts encoded" not in screen
+    assert "ingest: 00:02" in screen  # a stage without progress of its own shows its time
     for noise in NOISE:
         assert noise not in screen, noise

@@ -47,17 +47,19 @@ class _Bars:
         self.bars: dict[str, Any] = {}
         self._lock = threading.Lock()
 
-    def update(self, stage: str, done: float, total: float | None, unit: str) -> bool:
-        """Moves the stage's bar; False when bars are off (print the line instead)."""
+    def update(self, stage: str, done: float, total: float | None, unit: str, timer: bool = False) -> bool:
+        """Moves the stage's bar (`timer`: a stage without progress of its own, shown by the time it
+        has taken, and cleared when it ends); False when bars are off (print the line instead)."""
         if not self.enabled:
             return False
         with self._lock:
             bar = self.bars.get(stage)
             if bar is None:
                 sized = _columns(self.stream) > 0  # a terminal that reports no width gets 100 columns
+                style = {"bar_format": "{desc}: {elapsed}", "leave": False} if timer else {"leave": True}
                 bar = self.bars[stage] = self._tqdm(
                     total=total, desc=stage, unit=f" {unit}" if unit else "it", file=self.stream,
-                    dynamic_ncols=sized, ncols=None if sized else 100, leave=True, mininterval=0.5, smoothing=0.1)
+                    dynamic_ncols=sized, ncols=None if sized else 100, mininterval=0.5, smoothing=0.1, **style)
             if total is not None and bar.total != total:
                 bar.total = total
             bar.n = done
@@ -168,8 +170,13 @@ class Console:
         self._attached = True
 
     def _worker_lines(self, data: dict) -> None:
-        who = f"({data.get('actor_name') or data.get('task_name') or 'worker'} pid={data.get('pid')}) "
-        for line in data.get("lines", []):
+        lines = data.get("lines", [])
+        if data.get("pid") == "autoscaler":  # its status table every few seconds: events only, as Ray prints
+            from ray._private.worker import filter_autoscaler_events
+
+            lines = list(filter_autoscaler_events(lines))
+        who = f"({data.get('actor_name') or data.get('task_name') or data.get('pid')} pid={data.get('pid')}) "
+        for line in lines:
             self.file.write(who + line + "\n")
             m = TRAIN_LINE.match(line)
             if m:
@@ -187,8 +194,10 @@ class Console:
         start = time.time()
 
         def tick() -> None:
-            while not stop.wait(1.0):
-                self.bars.update(name, time.time() - start, None, "s")
+            while True:
+                self.bars.update(name, int(time.time() - start), None, "s", timer=True)
+                if stop.wait(1.0):
+                    return
 
         thread = threading.Thread(target=tick, daemon=True, name=f"console-{name}")
         thread.start()
