@@ -28,8 +28,9 @@ with console.Console(Path(sys.argv[1]), log) as c:
     with console.stage("ingest"):
         time.sleep(2.5)
     log.info("encode: 5276 transitions; 2 actors")
-    for done in (0, 500, 1000):
+    for done in (0, 500, 900):  # the last report comes before the end
         log.info("encode: %d of 1000 texts encoded", done, extra=console.progress("encode", done, 1000, "texts"))
+    log.info("encode: 1000 texts, 1000 distinct, in 3 s")  # the stage's own last line ends its bar
     os.write(2, b"[2026-12-01 21:05:45,825 E 9028 9028] core_worker.cc:2465: Actor with class name ...\n")
     print("Successfully registered model 'twx-critic'.")
     warnings.warn("ExecutionOptions.exclude_resources is deprecated", DeprecationWarning)
@@ -56,6 +57,7 @@ def test_console_keeps_ray_and_mlflow_output_in_the_log_file(tmp_path):
     assert f"goes to {log}" in out.stderr and "encode: 5276 transitions" in out.stderr
     # not a terminal: progress records and the training loop's lines print as lines
     assert "encode: 500 of 1000 texts encoded" in out.stderr and "train: step 200/200" in out.stderr
+    assert "encode: 1000 texts, 1000 distinct" in out.stderr
     for noise in NOISE:
         assert noise not in console, noise
     kept = log.read_text()
@@ -87,6 +89,7 @@ def test_console_shows_bars_on_a_terminal(tmp_path):
     screen = b"".join(chunks).decode(errors="replace")
     assert proc.returncode == 0, screen[-3000:]
     assert "encode: 100%" in screen and "1000/1000" in screen  # tqdm's bar, not the progress lines
+    assert "\x1b[A" not in screen  # one bar at a time: no bar is left open below another
     assert "train: 100%" in screen and "200/200" in screen
     assert "encode: 500 of 1000 texts encoded" not in screen
     assert "ingest: 00:02" in screen  # a stage without progress of its own shows its time

@@ -57,12 +57,13 @@ class _Bars:
             if bar is None:
                 sized = _columns(self.stream) > 0  # a terminal that reports no width gets 100 columns
                 style = {"bar_format": "{desc}: {elapsed}", "leave": False} if timer else {"leave": True}
+                # `initial`: the rate counts from here (a bar first seen at step 100 did not do 100 in 0 s)
                 bar = self.bars[stage] = self._tqdm(
-                    total=total, desc=stage, unit=f" {unit}" if unit else "it", file=self.stream,
-                    dynamic_ncols=sized, ncols=None if sized else 100, mininterval=0.5, smoothing=0.1, **style)
+                    total=total, initial=done, desc=stage, unit=f" {unit}" if unit else "it", file=self.stream,
+                    dynamic_ncols=sized, ncols=None if sized else 100, mininterval=0.5, smoothing=0.3, **style)
             if total is not None and bar.total != total:
                 bar.total = total
-            bar.n = done
+            bar.update(done - bar.n)
             bar.refresh()
             if total is not None and done >= total:
                 self._close(stage)
@@ -73,6 +74,16 @@ class _Bars:
             self._tqdm.write(line, file=self.stream)
         else:
             print(line, file=self.stream, flush=True)
+
+    def finish(self, stage: str) -> None:
+        """The stage has ended (its summary line is next): its bar closes full, not where the last
+        progress report left it."""
+        with self._lock:
+            bar = self.bars.get(stage)
+            if bar is not None and bar.total is not None:
+                bar.n = bar.total
+                bar.refresh()
+            self._close(stage)
 
     def _close(self, stage: str) -> None:
         bar = self.bars.pop(stage, None)
@@ -105,6 +116,7 @@ class _ConsoleHandler(logging.Handler):
             p = getattr(record, "progress", None)
             if p is not None and self.bars.update(*p):
                 return
+            self.bars.finish(record.getMessage().split(":", 1)[0])  # "encode: N texts ... in 376 s": done
             self.bars.write(self.format(record))
         except Exception:  # never let the console break the run
             self.handleError(record)
