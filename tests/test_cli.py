@@ -165,3 +165,20 @@ def test_addresses_convert_as_each_command_needs(monkeypatch):
     assert addresses.job_api_url("ray://head:10001") == "http://head:8265"
     monkeypatch.setenv("RAY_ADDRESS", "http://10.0.0.5:8265")
     assert addresses.gcs_address(None) == "10.0.0.5:6379" and addresses.job_api_url(None) == "http://10.0.0.5:8265"
+
+
+def test_serve_port_or_host_that_cannot_be_bound_is_one_line_before_ray(tmp_path):
+    import socket
+
+    model = tmp_path / "critic"
+    model.mkdir()
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        started = time.time()
+        out = harnessrl("serve", "--model", str(model), "--port", str(port), home=tmp_path)
+        _assert_clean_error(out, 2, f"cannot serve on 127.0.0.1:{port}")
+        assert time.time() - started < 60 and "Token authentication" not in out.stderr  # Ray never started
+    elsewhere = harnessrl("serve", "--model", str(model), "--host", "192.0.2.1", "--port", "8000", home=tmp_path)
+    _assert_clean_error(elsewhere, 2, "cannot serve on 192.0.2.1:8000")

@@ -22,9 +22,12 @@ from harnessrl import console
 from harnessrl.cli import _setup_logging, log
 
 _setup_logging(False)
+import functools
+from ray._private import worker
+worker.global_worker_stdstream_dispatcher.add_handler(  # as ray.init(log_to_driver=True) does
+    "ray_print_logs", functools.partial(worker.print_to_stdstream, ignore_prefix=False))
 with console.Console(Path(sys.argv[1]), log) as c:
     c.attach_ray()
-    from ray._private import worker
     with console.stage("ingest"):
         time.sleep(2.5)
     log.info("encode: 5276 transitions; 2 actors")
@@ -41,6 +44,8 @@ with console.Console(Path(sys.argv[1]), log) as c:
              "train: step 200/200, loss_q 0.1, loss_v 0.01, 5.00 steps/s"]
     worker.global_worker_stdstream_dispatcher.emit({"lines": lines, "pid": 4242, "is_err": False,
                                                     "actor_name": "RayTrainWorker", "task_name": None, "ip": "x"})
+after = [name for name, _ in worker.global_worker_stdstream_dispatcher.handlers]
+assert after == ["ray_print_logs"], after  # Ray's own printer is back once the console ends
 print("SUMMARY-LINE")
 '''
 NOISE = ["core_worker.cc", "Successfully registered", "DeprecationWarning", "Progress bars disabled",

@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 from typing import IO, Any, Iterator
 
-log = logging.getLogger(__name__)
 _current: "Console | None" = None
 TRAIN_LINE = re.compile(r"^train: step (\d+)/(\d+)\b")
 
@@ -145,6 +144,7 @@ class Console:
 
     def __init__(self, log_path: Path, logger: logging.Logger):
         self.path, self.logger = log_path, logger
+        self._ray_printers: list | None = None  # Ray's own handlers of its worker-log stream, while replaced
 
     def __enter__(self) -> "Console":
         global _current
@@ -175,11 +175,21 @@ class Console:
         except ImportError:
             return
         dispatcher = getattr(worker, "global_worker_stdstream_dispatcher", None)
-        if dispatcher is None or getattr(self, "_attached", False):
+        if dispatcher is None or self._ray_printers is not None:
             return
+        self._dispatcher = dispatcher
+        self._ray_printers = [pair for pair in dispatcher.handlers if pair[0] == "ray_print_logs"]
         dispatcher.remove_handler("ray_print_logs")
         dispatcher.add_handler("harnessrl_console", self._worker_lines)
-        self._attached = True
+
+    def _detach_ray(self) -> None:
+        """Ray's own printer back (Ray outlives the console in a process that goes on)."""
+        if self._ray_printers is None:
+            return
+        self._dispatcher.remove_handler("harnessrl_console")
+        for name, handler in self._ray_printers:
+            self._dispatcher.add_handler(name, handler)
+        self._ray_printers = None
 
     def _worker_lines(self, data: dict) -> None:
         lines = data.get("lines", [])
@@ -223,6 +233,7 @@ class Console:
     def __exit__(self, *exc) -> None:
         global _current
         _current = None
+        self._detach_ray()
         self.bars.close()
         self.logger.handlers = self._handlers
         for stream in (sys.stdout, sys.stderr):
