@@ -156,8 +156,10 @@ def test_deploy_through_the_dashboard_and_with_rays_own_serve_cli(pipeline_run, 
         assert printed.returncode == 0, printed.stderr
         app_file = tmp_path / "serve_app.yaml"
         app_file.write_text(printed.stdout)
-        ray_serve = subprocess.run([str(Path(sys.executable).with_name("serve")), "deploy", str(app_file),
-                                    "--address", dashboard], env=env, capture_output=True, text=True, timeout=300)
+        # Ray's own `serve` command (its console-script entry point, whichever venv holds the script)
+        serve_cli = "import sys; from ray.serve.scripts import cli; sys.argv[0] = 'serve'; sys.exit(cli())"
+        ray_serve = subprocess.run([sys.executable, "-c", serve_cli, "deploy", str(app_file), "--address", dashboard],
+                                   env=env, capture_output=True, text=True, timeout=300)
         assert ray_serve.returncode == 0, ray_serve.stderr[-3000:]
         _wait_healthy(url)
         r = httpx.post(f"{url}/v1/score", json=state, timeout=60)
