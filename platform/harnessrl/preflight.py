@@ -1,7 +1,8 @@
 """Checks that need no Ray, run before Ray starts (a missing path is reported in a second, not
-after half a minute of cluster start-up), and all of `harnessrl validate` / `run --dry-run`:
-the config parses, the reward recipe loads, every source names files, the outcomes file and the
-encoder model exist, the service's API token (when it will be served) is readable."""
+after half a minute of cluster start-up), and all of `harnessrl validate` / `run --dry-run`: the
+config parses, `ray_address` is well-formed, the reward recipe loads, every source names files,
+the outcomes file and the encoder model exist, the service's API token (when it will be served)
+is readable."""
 
 from __future__ import annotations
 
@@ -42,6 +43,9 @@ def pipeline(cfg: PipelineConfig) -> dict[str, Any]:
     from harnessrl.encoders import encoder_identity
     from harnessrl.rewards import load_recipe
 
+    from harnessrl.addresses import gcs_address
+
+    gcs_address(cfg.ray_address)  # a malformed address is a ConfigError now (reaching it is init_ray's part)
     recipe = load_recipe(cfg.rewards)
     train = sources(cfg.data.train, "data.train source")
     heldout = sources(cfg.data.heldout, "data.heldout source") if cfg.data.heldout else []
