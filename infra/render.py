@@ -9,7 +9,9 @@ own files, so that they cannot drift from the code:
   rayservice.yaml   the critic service: serveConfigV2 whose application `args` are serving/serve.yaml
 
 The image tag comes from infra/Dockerfile (its `FROM rayproject/ray:...` line) and the package
-version from pyproject.toml. Needs only PyYAML.
+version from pyproject.toml. The RayService's serveConfigV2 is the Ray Serve config file that
+`harnessrl serve config` prints (harnessrl/serve_file.py), with the proxy on every pod interface.
+Needs PyYAML and pydantic (it reads serve.yaml with harnessrl's ServeConfig), not Ray.
 
   python infra/render.py                          # rewrite infra/k8s/{raycluster,rayjob,rayservice}.yaml
   python infra/render.py --check                  # exit 1 when a committed file differs from its rendering
@@ -28,9 +30,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 INFRA = ROOT / "infra"
 OUT = INFRA / "k8s"
+sys.path.insert(0, str(ROOT / "platform"))  # this checkout's harnessrl, installed or not
 
-APP_NAME = "harnessrl"                         # serving/app.py APP_NAME: the Serve application's name
-APP_IMPORT_PATH = "harnessrl.serving.app:app_builder"
+from harnessrl import serve_file  # noqa: E402
+from harnessrl.config import load_serve  # noqa: E402
+
 MLFLOW_URI = "http://mlflow:5000"               # the Service in infra/k8s/mlflow.yaml
 HOME = "/home/ray/.harnessrl"                   # HARNESSRL_HOME in the image
 PIPELINE_MOUNT = "/home/ray/pipeline"
@@ -61,9 +65,10 @@ def ray_version() -> str:
 def _env(serving: bool) -> list[dict]:
     env = [{"name": "MLFLOW_TRACKING_URI", "value": MLFLOW_URI},
            {"name": "HARNESSRL_HOME", "value": HOME}]
-    if serving:  # bearer token of /v1/* (serving/app.py); without the Secret the API is open
+    if serving:  # bearer token of /v1/* (serving/auth.py). Not optional: the proxy listens on 0.0.0.0, and a
+        # missing Secret must keep the pods from starting rather than serve an open API
         env.append({"name": "HARNESSRL_API_TOKEN", "valueFrom": {"secretKeyRef": {
-            "name": "harnessrl-api-token", "key": "token", "optional": True}}})
+            "name": "harnessrl-api-token", "key": "token"}}})
     return env
 
 
@@ -154,15 +159,8 @@ def rayjob(image: str) -> list[dict]:
 
 
 def serve_config_v2(serve_yaml: Path) -> str:
-    """Ray Serve's config file (ServeDeploySchema) with one application whose args are serve.yaml."""
-    args = yaml.safe_load(serve_yaml.read_text()) or {}
-    config = {
-        # The proxy listens on every pod interface; `host`/`port` in args are for `harnessrl serve`.
-        "http_options": {"host": "0.0.0.0", "port": int(args.get("port", 8000))},
-        "logging_config": {"enable_access_log": False},
-        "applications": [{"name": APP_NAME, "import_path": APP_IMPORT_PATH, "route_prefix": "/", "args": args}],
-    }
-    return yaml.safe_dump(config, sort_keys=False)
+    """The Ray Serve config file of serve.yaml (`harnessrl serve config`), the proxy on 0.0.0.0."""
+    return yaml.safe_dump(serve_file.serve_config(load_serve(serve_yaml), host="0.0.0.0"), sort_keys=False)
 
 
 def rayservice(image: str, serve_yaml: Path | None = None) -> list[dict]:

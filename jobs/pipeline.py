@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from harnessrl import lineage, registry, settings, storage
+from harnessrl import console, lineage, preflight, registry, settings, storage
 from harnessrl.config import PipelineConfig
 from harnessrl.jobs.stage_cache import run_stage, stage_key
 from harnessrl.ray_runtime import init_ray
@@ -85,11 +85,14 @@ def _prepare(cfg: PipelineConfig, out: str, recipe, summary: dict, force: bool) 
     raw = storage.digest_sources(storage.expand_sources(cfg.data.train))
     outcomes = storage.digest_sources([cfg.data.outcomes]) if cfg.data.outcomes else None
     k_ing = stage_key("ingest", raw, outcomes, cfg.data.format, cfg.data.max_line_bytes)
-    ing = run_stage(out, "ingest", k_ing, force, IngestResult, skipped=skipped, run=lambda: ingest(
-        cfg.data.train, storage.join(out, "ingest"), cfg.data.format, cfg.data.outcomes, cfg.data.max_line_bytes))
+    with console.stage("ingest"):
+        ing = run_stage(out, "ingest", k_ing, force, IngestResult, skipped=skipped, run=lambda: ingest(
+            cfg.data.train, storage.join(out, "ingest"), cfg.data.format, cfg.data.outcomes, cfg.data.max_line_bytes))
     k_tr = stage_key("transitions", k_ing, recipe.digest(), cfg.render.model_dump())
-    tr = run_stage(out, "transitions", k_tr, force, TransitionsResult, skipped=skipped, run=lambda: build_transitions(
-        storage.join(out, "ingest"), storage.join(out, "transitions"), recipe, cfg.render))
+    with console.stage("transitions"):
+        tr = run_stage(out, "transitions", k_tr, force, TransitionsResult, skipped=skipped,
+                       run=lambda: build_transitions(storage.join(out, "ingest"), storage.join(out, "transitions"),
+                                                     recipe, cfg.render))
     k_enc = stage_key("encode", k_tr, cfg.encoder.model_dump(exclude={"actors", "min_actors", "max_actors",
                                                                      "cpus_per_actor", "gpus_per_actor", "cache"}))
     enc = run_stage(out, "encode", k_enc, force, EncodeResult, skipped=skipped, run=lambda: encode(
@@ -155,9 +158,10 @@ def _evaluate_and_serve(cfg: PipelineConfig, out: str, recipe, model_uri: str, s
 
     critic = Critic.load(model_uri)  # through the registry, as a user would
     held = storage.join(out, "heldout")
-    h_ing = ingest(cfg.data.heldout, storage.join(held, "ingest"), cfg.data.format,
-                   max_line_bytes=cfg.data.max_line_bytes)
-    build_transitions(storage.join(held, "ingest"), storage.join(held, "transitions"), recipe, cfg.render)
+    with console.stage("held-out ingest"):
+        h_ing = ingest(cfg.data.heldout, storage.join(held, "ingest"), cfg.data.format,
+                       max_line_bytes=cfg.data.max_line_bytes)
+        build_transitions(storage.join(held, "ingest"), storage.join(held, "transitions"), recipe, cfg.render)
     fs, path = storage.filesystem(storage.join(held, "transitions"))
     steps = pads.dataset(path, filesystem=fs, format="parquet").to_table().to_pylist() if h_ing.episodes else []
     rows = gold_rows(steps, cfg.evaluate.max_heldout_steps, cfg.evaluate.expert_field)
@@ -178,9 +182,8 @@ def _evaluate_and_serve(cfg: PipelineConfig, out: str, recipe, model_uri: str, s
 
 def _start(cfg: PipelineConfig):
     out = cfg.output_dir or str(settings.runs_dir() / cfg.name)
+    preflight.pipeline(cfg)  # a missing source, recipe, encoder or token fails now, before Ray starts
     recipe = load_recipe(cfg.rewards)
-    for sources in (cfg.data.train, cfg.data.heldout):
-        storage.expand_sources(sources)  # a missing source fails now, not after minutes of work
     init_ray(cfg.ray_address)
     return out, recipe, registry.ensure_experiment(cfg.registry.experiment)
 

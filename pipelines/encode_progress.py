@@ -7,6 +7,8 @@ import logging
 import threading
 import time
 
+from harnessrl import console
+
 log = logging.getLogger(__name__)
 
 PROGRESS_SECONDS = 30.0  # between progress lines while texts are encoded
@@ -59,14 +61,17 @@ class _ProgressLog:
     def _run(self) -> None:
         import ray
 
-        while not self._stop.wait(self.every):
+        every = min(self.every, 2.0) if console.bars_on() else self.every  # a bar moves more often than a line
+        while not self._stop.wait(every):
             try:
                 files_done, encoded = ray.get(self.progress.snapshot.remote(), timeout=10)
                 counts = ray.get([r.counts.remote() for r in self.registries], timeout=10)
             except Exception:  # a late or failed poll only skips a line
                 continue
             to_encode = sum(d - c for d, c in counts)
-            log.info("%s", progress_line(encoded, to_encode, files_done, self.files, time.time() - self._start))
+            total = to_encode if files_done >= self.files else None  # known once every file is scanned
+            log.info("%s", progress_line(encoded, to_encode, files_done, self.files, time.time() - self._start),
+                     extra=console.progress("encode", encoded, total, "texts"))
 
     def __enter__(self):
         if self.progress is not None:

@@ -12,6 +12,7 @@ MAX_TEXT_CHARS = 20_000  # feedback `detail` only
 
 
 class HistoryItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     action: str
     observation: str = Field("", description="what the action returned")
 
@@ -120,7 +121,8 @@ class SelectToolResponse(BaseModel):
 class Outcome(BaseModel):
     model_config = ConfigDict(extra="forbid")
     success: bool | None = None
-    score: float | None = None
+    score: float | None = Field(None, allow_inf_nan=False, description="a finite number (it may become a reward "
+                                                                       "when the decision log is trained on)")
 
 
 class FeedbackRequest(BaseModel):

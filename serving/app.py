@@ -4,7 +4,7 @@ Concurrent requests from many agents are gathered into one batch: every distinct
 batch is encoded once and all candidates are scored in one forward pass. Every decision and
 every feedback goes to the decision log off the request path. With `HARNESSRL_API_TOKEN` (or
 `HARNESSRL_API_TOKEN_FILE`) set where the service starts, `/v1/*` needs `Authorization:
-Bearer <token>`. A full queue answers 429 with Retry-After instead of growing latency; too many
+Bearer <token>` (serving/auth.py). A full queue answers 429 with Retry-After instead of growing latency; too many
 candidates answer 422 and too long a text 413, both naming the setting. Every setting comes from
 one `ServeConfig` (harnessrl.config), e.g. serving/serve.yaml. `GET /metrics` is Prometheus text.
 
@@ -16,7 +16,6 @@ DeploymentHandle with the texts their own LRU misses.
 # No `from __future__ import annotations` here: FastAPI reads the request model from the
 # signature of the Serve ingress methods at class creation.
 import asyncio
-import hmac
 import logging
 import os
 import time
@@ -25,64 +24,58 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from fastapi import Depends, FastAPI, Header, HTTPException, Response
+from fastapi import Depends, FastAPI, HTTPException, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from ray import serve
 
+from harnessrl import api_token
 from harnessrl.config import ServeConfig
+from harnessrl.serve_file import APP_NAME
 from harnessrl.features import repeats_here
+from harnessrl.serving import auth
 from harnessrl.serving.batching import CONCURRENT_BATCHES
 from harnessrl.serving.api import (FeedbackRequest, FeedbackResponse, ModelInfo, ModelRef, ScoreRequest,
                                    ScoreResponse, SelectToolRequest, SelectToolResponse)
 
 log = logging.getLogger(__name__)
-APP_NAME = "harnessrl"
 api = FastAPI(title="harnessrl critic", version="1", description="Score candidate next actions for LLM agents.")
 
 
 async def _validation_error(request, exc):
     """FastAPI's own 422 handler, except that raw request bytes in the errors (a body sent as
-    text/plain that is not UTF-8) are decoded with replacement: the default decodes them strictly
-    and answers 500 (found by tests/reliability/test_serve_faults.py), and non-finite numbers (a JSON
-    1e999 parses as inf) are echoed as text, which JSON has no number for (500 otherwise)."""
+    text/plain that is not UTF-8) are decoded with replacement, and a NaN or infinite input is
+    quoted ("inf"): the default decodes the bytes strictly and cannot write JSON for NaN, and
+    answers 500 (found by tests/reliability/test_serve_faults.py and test_api_security.py)."""
+    import math
+
     from fastapi.encoders import jsonable_encoder
 
     errors = jsonable_encoder(exc.errors(), custom_encoder={bytes: lambda b: b.decode("utf-8", "replace"),
-                                                            float: lambda x: x if np.isfinite(x) else str(x)})
+                                                            float: lambda f: f if math.isfinite(f) else str(f)})
     return JSONResponse(status_code=422, content={"detail": errors})
 
 
 api.add_exception_handler(RequestValidationError, _validation_error)
-TOKEN_ENV, TOKEN_FILE_ENV = "HARNESSRL_API_TOKEN", "HARNESSRL_API_TOKEN_FILE"
-
-
-def _configured_token() -> str | None:
-    if os.environ.get(TOKEN_FILE_ENV):
-        return Path(os.environ[TOKEN_FILE_ENV]).read_text().strip() or None
-    return os.environ.get(TOKEN_ENV) or None
-
-
-async def require_token(authorization: str | None = Header(None)) -> None:
-    """401 unless the request carries the configured bearer token (no token configured: open).
-    `async`: FastAPI runs a plain `def` dependency in a worker thread, a hop per request."""
-    token = _configured_token()
-    if token is None:
-        return
-    given = (authorization or "").removeprefix("Bearer ").strip()
-    if not authorization or not authorization.startswith("Bearer ") or not hmac.compare_digest(given, token):
-        raise HTTPException(status_code=401, detail="missing or wrong bearer token",
-                            headers={"WWW-Authenticate": "Bearer"})
-
-
-AUTH = [Depends(require_token)]
+AUTH = [Depends(auth.require_token)]
 REQUEST_LIMIT: int | None = None  # ServeConfig.max_request_bytes of this process's replica
+
+
+class BodyTooLarge(HTTPException):
+    """Raised from `receive` once the body passes the limit. An HTTPException, so that FastAPI's
+    body reading passes it on (other errors there become a 400) and answers it as a 413."""
+
+    def __init__(self, size: str, limit: int):
+        super().__init__(status_code=413, detail=f"request body is {size} bytes; this service accepts at most "
+                                                 f"{limit} (serve.max_request_bytes)")
 
 
 class CountRequests:
     """Every answer the replica gives (401s and 422s included) is counted, with its latency; a
-    body declared larger than serve.max_request_bytes is refused before it is read. Plain ASGI
-    (not `@app.middleware("http")`, whose BaseHTTPMiddleware adds a task and streams per request)."""
+    body larger than serve.max_request_bytes is a 413: refused before it is read when its
+    Content-Length says so, else once the bytes received pass the limit (chunked bodies have no
+    Content-Length). Plain ASGI (not `@app.middleware("http")`, whose BaseHTTPMiddleware adds a
+    task and streams per request)."""
 
     def __init__(self, app):
         self.app = app
@@ -93,21 +86,36 @@ class CountRequests:
         from harnessrl.serving import metrics
 
         start = time.perf_counter()
-        status = {"code": 500}
+        status = {"code": 500, "started": False}
 
         async def send_status(message):
             if message["type"] == "http.response.start":
-                status["code"] = message["status"]
+                status["code"], status["started"] = message["status"], True
             await send(message)
 
+        limit, received = REQUEST_LIMIT, 0
+
+        async def receive_limited():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise BodyTooLarge(f"more than {limit}", limit)
+            return message
+
         size = next((v for k, v in scope.get("headers", ()) if k == b"content-length"), b"")
-        if REQUEST_LIMIT is not None and size.isdigit() and int(size) > REQUEST_LIMIT:
-            response = JSONResponse(status_code=413, content={
-                "detail": f"request body is {size.decode()} bytes; this service accepts at most {REQUEST_LIMIT} "
-                          "(serve.max_request_bytes)"})
-            await response(scope, receive, send_status)
-        else:
-            await self.app(scope, receive, send_status)
+        try:
+            if limit is None:
+                await self.app(scope, receive, send_status)
+            elif size.isdigit() and int(size) > limit:
+                raise BodyTooLarge(size.decode(), limit)
+            else:
+                await self.app(scope, receive_limited, send_status)
+        except BodyTooLarge as exc:  # by Content-Length, or from a read outside FastAPI's body parsing
+            if status["started"]:
+                raise
+            await JSONResponse(status_code=413, content={"detail": exc.detail})(scope, receive, send_status)
         current = metrics.current()
         if current is not None:
             current.request(scope["path"], status["code"], time.perf_counter() - start)
@@ -151,6 +159,7 @@ class CriticService:
         torch.set_num_threads(1)
         self.cfg = cfg = ServeConfig.model_validate(config)
         module.REQUEST_LIMIT = cfg.max_request_bytes  # the module's own global (this class is pickled by value)
+        auth.install(api_token.resolve_token())  # once, at start; an empty or unreadable token fails the replica
         # with an encoder deployment (a DeploymentHandle here), the critics load no encoder of their own
         self.encoder = encoder
         identity = EncoderIdentity.from_json(encoder_identity) if encoder is not None else None
@@ -161,7 +170,7 @@ class CriticService:
         self.reload_every_s = cfg.reload_every_s
         self._reloader: asyncio.Task | None = None
         replica = serve.get_replica_context().replica_id.unique_id
-        self.log = DecisionLog(cfg.decision_log, replica) if cfg.decision_log else None
+        self.log = DecisionLog(cfg.decision_log, replica, fields=cfg.decision_log_fields) if cfg.decision_log else None
         # One replica per process; the middleware finds it through the module (Serve pickles this
         # class by value, so a global assigned here would not be the module's).
         self.metrics = metrics.install(metrics.ServiceMetrics(
@@ -386,13 +395,19 @@ def encoder_plan(model_uri: str, cfg: ServeConfig):
     return name, max_seq, configured
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
 def build_app(model_uri: str, config: ServeConfig | None = None):
     from harnessrl import settings
     from harnessrl.serving import encoder as encoder_deployment
 
     cfg = config or ServeConfig()
+    if api_token.resolve_token() is None and cfg.host not in LOOPBACK:  # ConfigError: empty or unreadable
+        log.warning("serving on %s without an API token: /v1/* is open to every client that reaches it (set %s "
+                    "or %s)", cfg.host, api_token.TOKEN_ENV, api_token.TOKEN_FILE_ENV)
     env = {"HARNESSRL_HOME": str(settings.home()), "MLFLOW_TRACKING_URI": settings.tracking_uri()}
-    env.update({k: os.environ[k] for k in (TOKEN_ENV, TOKEN_FILE_ENV) if os.environ.get(k)})
+    env.update({k: os.environ[k] for k in (api_token.TOKEN_ENV, api_token.TOKEN_FILE_ENV) if k in os.environ})
     extra: dict[str, Any] = {}
     if cfg.encoder is not None:
         name, max_seq, identity = encoder_plan(model_uri, cfg)

@@ -107,3 +107,62 @@ def test_cli_deploys_the_shipped_yaml_to_a_cluster_and_returns(pipeline_run, ray
         assert httpx.get(f"{url}/healthz", timeout=30).status_code == 404  # the proxy is up, the app is gone
     finally:
         serving.stop()
+
+
+def _wait_healthy(url: str, timeout_s: float = 300) -> None:
+    deadline = time.time() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.time() < deadline, f"{url} did not come up within {timeout_s:.0f} s"
+        time.sleep(2)
+
+
+def test_deploy_through_the_dashboard_and_with_rays_own_serve_cli(pipeline_run, ray_local, tmp_path):
+    """Ray's convention, `--address http://HEAD:8265`: `harnessrl serve deploy` and `serve stop`
+    go through the dashboard's Serve REST API; the file `harnessrl serve config` prints deploys
+    with Ray's own `serve deploy`. The session's local Ray stands in for a cluster: its dashboard
+    is at RAY_API_SERVER_ADDRESS, and its processes have this session's HARNESSRL_HOME (the
+    registry the app builder resolves the model in)."""
+    from harnessrl.serving import app as serving
+
+    dashboard = os.environ["RAY_API_SERVER_ADDRESS"]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "RAY_AUTH_MODE": "token"} if (Path.home() / ".ray" / "auth_token").is_file() else dict(
+        os.environ)
+    flags = ["--config", str(SHIPPED), "--model", f"{MODEL}@champion", "--port", str(port), "--set", "autoscaling=null",
+             "--set", "replicas=1", "--set", "reload_every_s=0"]
+    state = {"state": "Task: t\nNow: a room", "candidates": ["go east", "look"]}
+
+    def harnessrl(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "harnessrl", *args], env=env, capture_output=True, text=True,
+                              timeout=600)
+
+    try:
+        done = harnessrl("serve", "deploy", *flags, "--address", dashboard)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert f"deployed models:/{MODEL}@champion on the cluster at {dashboard}" in done.stdout, done.stdout
+        r = httpx.post(f"{url}/v1/score", json=state, timeout=60)
+        assert r.status_code == 200 and r.json()["model"]["name"] == MODEL
+        stop = harnessrl("serve", "stop", "--address", dashboard)
+        assert stop.returncode == 0 and "removed the app 'harnessrl'" in stop.stdout, stop.stderr[-3000:]
+        assert httpx.get(f"{url}/healthz", timeout=30).status_code == 404  # the proxy is up, the app is gone
+
+        printed = harnessrl("serve", "config", *flags)
+        assert printed.returncode == 0, printed.stderr
+        app_file = tmp_path / "serve_app.yaml"
+        app_file.write_text(printed.stdout)
+        # Ray's own `serve` command (its console-script entry point, whichever venv holds the script)
+        serve_cli = "import sys; from ray.serve.scripts import cli; sys.argv[0] = 'serve'; sys.exit(cli())"
+        ray_serve = subprocess.run([sys.executable, "-c", serve_cli, "deploy", str(app_file), "--address", dashboard],
+                                   env=env, capture_output=True, text=True, timeout=300)
+        assert ray_serve.returncode == 0, ray_serve.stderr[-3000:]
+        _wait_healthy(url)
+        r = httpx.post(f"{url}/v1/score", json=state, timeout=60)
+        assert r.status_code == 200 and r.json()["model"]["name"] == MODEL
+    finally:
+        serving.stop()

@@ -81,5 +81,7 @@ def test_jobs_errors_are_clear(cluster, tmp_path):
     bad.write_text("name: x\ndata: {train: [a.jsonl]}\ntrain: {steps: -1}\n")
     refused = harnessrl("submit", str(bad), "--address", cluster.dashboard_url, env=cluster.env)
     assert refused.returncode == 2 and "steps" in refused.stderr  # validated before anything is sent
-    nowhere = harnessrl("jobs", "list", "--address", "127.0.0.1:1", env=cluster.env)
-    assert nowhere.returncode == 2 and "dashboard URL" in nowhere.stderr
+    # a GCS-style address is taken to mean the dashboard on Ray's default port: nothing answers there
+    nowhere = harnessrl("jobs", "list", "--address", "127.0.0.2:1", env=cluster.env)
+    assert nowhere.returncode == 8 and "cannot reach the Ray job API at http://127.0.0.2:8265" in nowhere.stderr
+    assert "Traceback" not in nowhere.stderr

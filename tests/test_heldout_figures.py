@@ -83,9 +83,9 @@ def _summary(evaluate: dict, served: list[dict]) -> dict:
 
 
 def test_summary_says_plainly_that_there_are_no_labels(capsys, monkeypatch):
-    from harnessrl import cli
+    from harnessrl import settings
 
-    monkeypatch.setattr(cli, "_tracking", lambda: "sqlite:///x.db")
+    monkeypatch.setattr(settings, "tracking_uri", lambda: "sqlite:///x.db")
     ev = {"steps": 0, "gold_top1": None, "random_top1": None, "ms_per_step": None, "heldout_episodes": 12,
           "heldout_steps": 96, "expert_field": "info.expert_action"}
     served = [{"state_text": "Task: t\nNow: a kitchen", "candidates": ["look", "take coin"], "scores": [0.1, 0.7],

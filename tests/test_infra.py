@@ -177,7 +177,10 @@ def test_rayservice_serve_config_is_serve_yaml_and_builds():
     schema = ServeDeploySchema.model_validate(yaml.safe_load(service["spec"]["serveConfigV2"]))
     (app,) = schema.applications
     serve_yaml = yaml.safe_load((ROOT / "serving" / "serve.yaml").read_text())
-    assert app.args == serve_yaml
+    # the args are serve.yaml's settings but where the proxy listens (http_options)
+    assert ServeConfig.model_validate(app.args) == ServeConfig.model_validate(serve_yaml).model_copy(
+        update={"host": ServeConfig().host, "port": ServeConfig().port})
+    assert not {"host", "port"} & set(app.args)
     assert app.name == APP_NAME and app.route_prefix == "/"
     assert schema.http_options.host == "0.0.0.0" and schema.http_options.port == serve_yaml["port"]
     module, _, attr = app.import_path.partition(":")
@@ -193,6 +196,34 @@ def test_rayservice_serve_config_is_serve_yaml_and_builds():
     assert (scaling.min_replicas, scaling.max_replicas) == (cfg.autoscaling.min_replicas,
                                                             cfg.autoscaling.max_replicas)
     assert deployment.ray_actor_options["num_cpus"] == cfg.num_cpus
+
+
+def test_serve_config_command_prints_the_rayservice_file(tmp_path):
+    """`harnessrl serve config` prints a Ray Serve config file: Ray's schema accepts it, Ray's own
+    config loader builds the app from it, and it is the RayService's serveConfigV2 but where the
+    proxy listens."""
+    import subprocess
+
+    from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
+    from ray.serve.deployment import Application
+    from ray.serve.schema import ServeDeploySchema
+
+    out = subprocess.run([sys.executable, "-m", "harnessrl", "serve", "config", "--config",
+                          str(ROOT / "serving" / "serve.yaml")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    generated = yaml.safe_load(out.stdout)
+    schema = ServeDeploySchema.model_validate(generated)
+    assert schema.http_options.host == "127.0.0.1"  # serve.yaml's host, for `serve run` on this machine
+    (service,) = [d for _, d in kuberay_objects() if d["kind"] == "RayService"]
+    in_manifest = yaml.safe_load(service["spec"]["serveConfigV2"])
+    assert {**generated, "http_options": in_manifest["http_options"]} == in_manifest
+    (app,) = schema.applications
+    module, _, attr = app.import_path.partition(":")
+    built = call_user_app_builder_with_args_if_necessary(getattr(importlib.import_module(module), attr), app.args)
+    assert isinstance(built, Application)
+    bad = subprocess.run([sys.executable, "-m", "harnessrl", "serve", "config", "--set", "max_batch_sise=3",
+                          "--model", "m@champion"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "max_batch_sise" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_app_builder_refuses_bad_args():
@@ -289,6 +320,38 @@ def test_secrets_and_services_referenced_exist():
     args = " ".join(mlflow["spec"]["template"]["spec"]["containers"][0]["args"])
     assert re.search(rf"--allowed-hosts=\S*\b{host}:{port}\b", args)
     assert "--artifacts-destination=s3://" in args
+
+
+def _containers(doc: dict) -> list[dict]:
+    templates = ([t for _, t in pod_templates(doc)] if doc["apiVersion"].startswith("ray.io/")
+                 else [doc["spec"]["template"]] if doc["kind"] in ("Deployment", "StatefulSet") else [])
+    return [c for t in templates for c in t["spec"]["containers"]]
+
+
+def test_secrets_stay_out_of_command_lines_and_the_api_token_is_required():
+    """No container expands a Secret's value into its command or arguments (`$(VAR)`: visible to
+    every process on the node and in the pod spec's resolved form); the API token Secret of the
+    service is not optional (without it the pods would serve an open API on 0.0.0.0)."""
+    secret_keys = {d["metadata"]["name"]: set(d["stringData"]) for _, d in all_documents() if d["kind"] == "Secret"}
+    checked = 0
+    for where, doc in all_documents():
+        for c in _containers(doc):
+            from_secrets = {e["name"] for e in c.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})}
+            from_secrets |= {k for ref in c.get("envFrom", []) if "secretRef" in ref
+                             for k in secret_keys[ref["secretRef"]["name"]]}
+            line = " ".join(map(str, c.get("command", []) + c.get("args", [])))
+            leaked = sorted(v for v in from_secrets if f"$({v})" in line)
+            assert not leaked, f"{where} container {c['name']}: {leaked} expanded into its command line"
+            for e in c.get("env", []):
+                ref = e.get("valueFrom", {}).get("secretKeyRef")
+                if ref and e["name"] == "HARNESSRL_API_TOKEN":
+                    assert not ref.get("optional", False), f"{where}: the API token Secret is optional"
+                    checked += 1
+    assert checked >= 2  # the RayService's head and worker containers
+    (mlflow,) = [d for _, d in all_documents() if d["kind"] == "Deployment" and d["metadata"]["name"] == "mlflow"]
+    (server,) = _containers(mlflow)
+    assert not any(a.startswith("--backend-store-uri") for a in server["args"])
+    assert "MLFLOW_BACKEND_STORE_URI" in {e["name"] for e in server["env"]}  # mlflow server reads it itself
 
 
 if __name__ == "__main__":

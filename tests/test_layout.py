@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ROOT / "platform" / "harnessrl"
 OUTER = ("harnessrl.pipelines", "harnessrl.jobs", "harnessrl.serving")
-CLI_MODULES = ("harnessrl.cli", "harnessrl.cli_jobs", "harnessrl.cli_rewards")
+CLI_MODULES = ("harnessrl.cli", "harnessrl.cli_jobs", "harnessrl.cli_rewards", "harnessrl.cli_serve")
 # the command line: its modules and `python -m harnessrl`
 CLI_FILES = (*(CORE / f"{m.rsplit('.', 1)[1]}.py" for m in CLI_MODULES), CORE / "__main__.py")
 
@@ -91,7 +91,7 @@ def _core_files() -> list[Path]:
 def test_core_file_list_is_not_empty():
     names = {p.relative_to(CORE).as_posix() for p in _core_files()}
     assert {"rewards.py", "render.py", "formats/native.py", "algorithms/iql.py"} <= names
-    assert not {"cli.py", "cli_jobs.py", "cli_rewards.py", "__main__.py"} & names
+    assert not {"cli.py", "cli_jobs.py", "cli_rewards.py", "cli_serve.py", "__main__.py"} & names
     assert all(p.is_file() for p in CLI_FILES)
 
 

@@ -1,6 +1,11 @@
-"""Local Ray start-up on installs without the dashboard's packages (a bare GPU image)."""
+"""Local Ray start-up: on installs without the dashboard's packages (a bare GPU image), and beside other
+Ray instances on the same machine."""
 
+import os
+import subprocess
 import sys
+
+import pytest
 
 from harnessrl.ray_runtime import dashboard_available
 
@@ -14,3 +19,41 @@ def test_dashboard_unavailable_when_a_package_is_missing(monkeypatch):
     monkeypatch.delitem(sys.modules, "ray.dashboard.optional_deps", raising=False)
     monkeypatch.setitem(sys.modules, "aiohttp_cors", None)
     assert dashboard_available() is False
+
+
+RACE = r'''
+import os, socket, sys
+from harnessrl import ray_runtime
+
+held = socket.socket()
+held.bind(("127.0.0.1", 0))
+held.listen()
+taken, free = held.getsockname()[1], ray_runtime._any_free_port()
+# the first port offered was free when chosen and is taken by the time Ray's dashboard binds it
+ray_runtime.start_local(1, {"log_to_driver": False}, ports=iter([taken, free]))
+import ray
+assert os.environ["RAY_API_SERVER_ADDRESS"] == f"http://127.0.0.1:{free}", os.environ["RAY_API_SERVER_ADDRESS"]
+
+
+@ray.remote(num_cpus=0)
+def nodes_seen_from_a_worker():
+    """Ray Train's placement-group cleaner asks the State API like this, with no address."""
+    from ray.util.state import list_nodes
+    return len(list_nodes())
+
+
+print("NODES", ray.get(nodes_seen_from_a_worker.remote()))
+'''
+
+
+@pytest.mark.integration
+def test_local_ray_survives_a_taken_dashboard_port_and_workers_find_it(ray_local, tmp_path):
+    """Beside another Ray (the session's own): a worker's State API call without an address finds
+    this instance (Ray's own lookup refuses with two running), and a dashboard port taken between
+    choosing it and Ray binding it costs a restart on another port, not a traceback."""
+    env = {**os.environ, "HARNESSRL_HOME": str(tmp_path), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    env.pop("RAY_ADDRESS", None)
+    env.pop("RAY_API_SERVER_ADDRESS", None)
+    out = subprocess.run([sys.executable, "-c", RACE], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "NODES 1" in out.stdout, out.stdout[-2000:]

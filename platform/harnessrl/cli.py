@@ -1,19 +1,24 @@
-"""`harnessrl` command line. Exit codes: 0 ok, 1 internal error, 2 bad arguments or config,
-3 data error (unreadable or unusable input), 4 model error (missing model, encoder mismatch),
-5 records quarantined under `ingest --fail-on-quarantine`, 6 `lineage --verify` found a changed or
-missing dataset, 7 a submitted job failed (`submit --wait`), 130 interrupted. User mistakes
-print one clear line, never a stack trace.
+"""harnessrl: learn a critic for LLM agents from their logs with offline RL, on Ray, and serve it.
+
+Exit codes: 0 ok; 1 internal error; 2 bad arguments or configuration; 3 unreadable or unusable
+data; 4 model not found or not loadable (e.g. encoder mismatch); 5 records quarantined under
+`ingest --fail-on-quarantine`; 6 `lineage --verify` found a changed or missing dataset; 7 a
+submitted job failed (`submit --wait`) or the cluster could not start a deployed service; 8 the
+Ray cluster cannot be reached (job API or GCS address) or a local Ray cannot start; 130
+interrupted. User mistakes print one line, never a stack trace.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
-from harnessrl import registry
+from harnessrl import __version__, registry, settings
 from harnessrl.errors import ConfigError, HarnessError
 
 log = logging.getLogger("harnessrl")
@@ -62,9 +67,10 @@ def print_summary(s: dict[str, Any]) -> None:
         lines.append(f"served #{i}    '{state}' -> '{pick}' (score {a['scores'][a['best_index']]:.2f}, "
                      f"{len(a['candidates'])} candidates, {gold}, fallback {a['fallback']})")
     lines += [
-        f"outputs      {s['output_dir']}",
+        f"outputs      {settings.redact(s['output_dir'])}",
+        *([f"log          {s['log']} (Ray's and MLflow's own output)"] if s.get("log") else []),
         f"mlflow       run {m['run_id']} in experiment '{m['experiment']}'; browse with: "
-        f".venv/bin/mlflow ui --backend-store-uri {_tracking()} --host 127.0.0.1",
+        f".venv/bin/mlflow ui --backend-store-uri {settings.redact(settings.tracking_uri())} --host 127.0.0.1",
         "",
     ]
     print("\n".join(lines))
@@ -82,20 +88,47 @@ def heldout_line(ev: dict[str, Any]) -> str:
             f"vs random {ev['random_top1']:.3f} ({lift}); {ev['ms_per_step']:.1f} ms/step in-process")
 
 
-def _tracking() -> str:
-    from harnessrl import settings
+def _console(args: argparse.Namespace, command: str, name: str):
+    """The run's console (harnessrl.console): stage lines and bars here, the rest in a log file;
+    `-v` keeps everything on the console."""
+    if args.verbose:
+        return contextlib.nullcontext()
+    from harnessrl import console
 
-    return settings.tracking_uri()
+    return console.Console(console.log_path(command, name), log)
+
+
+def _pipeline(args: argparse.Namespace):
+    from harnessrl.config import load_pipeline
+
+    cfg = load_pipeline(args.pipeline, args.set)
+    if getattr(args, "address", None):
+        cfg.ray_address = args.address
+    return cfg
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """The pipeline checked as `run` would check it before starting anything; nothing runs."""
+    from harnessrl import preflight
+
+    found = preflight.pipeline(_pipeline(args))
+    print(f"{args.pipeline}: valid: pipeline '{found['pipeline']}', {found['train_files']} training file(s), "
+          f"{found['heldout_files']} held-out file(s), recipe {found['recipe']} {found['recipe_digest']}, encoder "
+          f"{found['encoder']} (dim {found['encoder_dim']})" + ("; serves the model after the run" if found["serves"]
+                                                               else ""))
+    return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from harnessrl.config import load_pipeline
     from harnessrl.jobs.pipeline import run_pipeline
 
-    cfg = load_pipeline(args.pipeline, args.set)
-    if args.address:
-        cfg.ray_address = args.address
-    summary = run_pipeline(cfg, force=args.force)
+    if args.dry_run:
+        return cmd_validate(args)
+    cfg = _pipeline(args)
+    with _console(args, "run", cfg.name) as console:
+        summary = run_pipeline(cfg, force=args.force)
+    if console is not None:
+        summary["log"] = str(console.path)
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
     else:
@@ -107,11 +140,16 @@ EXIT_QUARANTINED = 5
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
+    from harnessrl import preflight
     from harnessrl.pipelines.ingest import ingest
     from harnessrl.ray_runtime import init_ray
 
-    init_ray(args.address)
-    r = ingest(args.sources, args.out, args.format, args.outcomes, args.max_line_bytes)
+    # before Ray starts: a missing source is reported in a second
+    (preflight.decision_logs if args.format == "decisions" else preflight.sources)(args.sources)
+    preflight.existing(args.outcomes, "--outcomes file")
+    with _console(args, "ingest", Path(args.out).name):
+        init_ray(args.address)
+        r = ingest(args.sources, args.out, args.format, args.outcomes, args.max_line_bytes)
     # One line by default: tools that run this read the last line of stdout as the result.
     print(json.dumps({"records_in": r.records_in, "records_ok": r.records_ok, "episodes": r.episodes,
                       "steps": r.steps, "signals": r.signals, "quarantined": r.records_quarantined,
@@ -125,16 +163,20 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    from harnessrl import preflight
     from harnessrl.jobs.evaluate import evaluate
     from harnessrl.metrics import format_table
     from harnessrl.ray_runtime import init_ray
 
-    init_ray(args.address)
     from harnessrl.evaluation import EXPERT_FIELD
 
+    uri = registry.model_uri(args.model, "--model")
     field = args.expert_field or EXPERT_FIELD
-    r = evaluate(registry.model_uri(args.model, "--model"), args.data, args.format, args.out, args.max_steps,
-                 log_to_mlflow=not args.no_mlflow, include_seen=args.include_seen, expert_field=field)
+    preflight.sources(args.data, "--data source")  # before Ray starts
+    with _console(args, "evaluate", uri.rsplit("/", 1)[-1]):
+        init_ray(args.address)
+        r = evaluate(uri, args.data, args.format, args.out, args.max_steps,
+                     log_to_mlflow=not args.no_mlflow, include_seen=args.include_seen, expert_field=field)
     if args.json:
         print(json.dumps(r.summary(), indent=2, default=str))
         return 0
@@ -148,76 +190,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from harnessrl.config import load_pipeline
     from harnessrl.jobs.pipeline import train_only
 
-    cfg = load_pipeline(args.pipeline, args.set)
-    if args.address:
-        cfg.ray_address = args.address
-    s = train_only(cfg, args.resume)
+    cfg = _pipeline(args)
+    with _console(args, "train", cfg.name):
+        s = train_only(cfg, args.resume)
     trn, m = s["train"], s["model"]
     print(json.dumps({"run_id": m["run_id"], "resumed": s["resumed"], "steps": trn["steps"],
                       "resumed_from_step": trn["metrics"].get("resumed_from_step"),
                       "metrics": trn["metrics"], "model": m, "evaluate": s.get("evaluate")}, indent=2))
-    return 0
-
-
-def _serve_config(args: argparse.Namespace):
-    """serve.yaml (if given), then --set, then the explicit flags: one ServeConfig, validated."""
-    from harnessrl.config import load_serve
-
-    fields = {"model": registry.model_uri(args.model, "--model") if args.model else None, "host": args.host,
-              "port": args.port,
-              "max_batch_size": args.max_batch_size, "max_queued_requests": args.max_queued_requests,
-              "challenger": registry.model_uri(args.challenger, "--challenger") if args.challenger else None,
-              "challenger_share": args.challenger_share, "reload_every_s": args.reload_every_s,
-              "decision_log": args.decision_log}
-    cfg = load_serve(args.config, args.set, fields)
-    if cfg.model is None:
-        raise ConfigError("no model to serve: give --model or set `model` in the --config file")
-    return cfg.model_copy(update={"model": registry.model_uri(cfg.model, "serve model")})
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    import os
-    import signal
-    import time
-
-    from harnessrl import settings
-    from harnessrl.ray_runtime import init_ray
-    from harnessrl.serving import app as serving
-
-    if args.action == "stop":
-        if not (args.address or os.environ.get("RAY_ADDRESS")):
-            raise ConfigError("serve stop: give --address of the cluster the service runs on")
-        init_ray(args.address)
-        serving.delete()
-        print(f"removed the app '{serving.APP_NAME}' from the cluster", flush=True)
-        return 0
-    cfg = _serve_config(args)  # before Ray starts: a bad config is exit code 2 at once
-    if cfg.decision_log is None:
-        cfg = cfg.model_copy(update={"decision_log": str(settings.home() / "decisions")})
-    if args.action == "deploy":
-        if not (args.address or os.environ.get("RAY_ADDRESS")):
-            raise ConfigError("serve deploy: give --address of a running Ray cluster (a local Ray would stop "
-                              "with this command)")
-        init_ray(args.address)
-        url = serving.start(config=cfg)
-        print(f"deployed {cfg.model} at {url} on the cluster; `harnessrl serve stop --address ...` removes it",
-              flush=True)
-        return 0
-    init_ray(args.address)
-    try:
-        url = serving.start(config=cfg)
-        print(f"serving {cfg.model} at {url}  (POST /v1/score, /v1/select_tool, /v1/feedback; GET /v1/model, "
-              f"/healthz, /metrics; docs at {url}/docs); decisions logged to {cfg.decision_log}; Ctrl-C stops",
-              flush=True)
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the shutdown short
-        print("stopping the service", flush=True)
-        serving.stop()
     return 0
 
 
@@ -240,25 +221,40 @@ def cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
+ADDRESS_HELP = ("the Ray cluster to run on: HEAD:6379, auto, ray://HEAD:10001, or its dashboard http://HEAD:8265 "
+                "(then its GCS at HEAD:6379); default: RAY_ADDRESS, else a local Ray on 127.0.0.1")
+SET_HELP = "override a config value (e.g. train.steps=500); repeatable"
+FORMATS = ["native", "openai-chat", "openai-responses", "anthropic", "atif", "auto"]
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="harnessrl", description=__doc__.split("\n")[0])
-    p.add_argument("-v", "--verbose", action="store_true")
-    sub = p.add_subparsers(dest="command", required=True)
+    doc = __doc__.strip().split("\n\n")
+    p = argparse.ArgumentParser(prog="harnessrl", description=doc[0], epilog=" ".join(doc[1].split()))
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="debug logging, and Ray's and MLflow's own output on the console (else: in the run's log file)")
+    p.add_argument("--version", action="version", version=f"harnessrl {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run a pipeline YAML (ingest, rewards, transitions, encode, train, register, ...)")
-    run.add_argument("pipeline")
-    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
-    run.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a local Ray)")
+    run.add_argument("pipeline", help="pipeline YAML (e.g. pipelines/quickstart.yaml)")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
+    run.add_argument("--address", help=ADDRESS_HELP)
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
     run.add_argument("--force", action="store_true",
                      help="rerun ingest/transitions/encode even when their output exists for the same input and config")
+    run.add_argument("--dry-run", action="store_true",
+                     help="check the config and its sources, recipe, encoder and token (as `validate`), run nothing")
     run.set_defaults(fn=cmd_run)
+
+    val = sub.add_parser("validate", help="check a pipeline YAML and what it names without running it")
+    val.add_argument("pipeline", help="pipeline YAML")
+    val.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
+    val.set_defaults(fn=cmd_validate)
 
     ing = sub.add_parser("ingest", help="agent logs -> episodes, steps, signals and quarantine tables (Parquet); "
                                         "prints a JSON summary on one line")
     ing.add_argument("sources", nargs="+", help="files, directories, globs, s3:// prefixes, builtin:twx-train")
-    ing.add_argument("--format", default="auto",
-                     choices=["native", "openai-chat", "openai-responses", "anthropic", "atif", "decisions", "auto"],
+    ing.add_argument("--format", default="auto", choices=[*FORMATS[:-1], "decisions", "auto"],
                      help="log format; auto detects it per file from its first record (default); decisions "
                           "reads a service's decision log folder with its feedback")
     ing.add_argument("--out", required=True, help="output folder (local or s3://)")
@@ -268,65 +264,43 @@ def build_parser() -> argparse.ArgumentParser:
     ing.add_argument("--max-line-bytes", type=int, metavar="N",
                      help="quarantine longer lines as line_too_long, unread (default 64 MiB)")
     ing.add_argument("--pretty", action="store_true", help="print the summary indented, for people")
-    ing.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a local Ray)")
+    ing.add_argument("--address", help=ADDRESS_HELP)
     ing.set_defaults(fn=cmd_ingest)
 
     ev = sub.add_parser("evaluate", help="offline metrics and a diagnosis report of a critic on held-out logs")
     ev.add_argument("--model", required=True, help=registry.FORMS)
     ev.add_argument("--data", nargs="+", required=True, help="held-out logs: files, dirs, globs, s3://, builtin:")
-    ev.add_argument("--format", default="auto",
-                    choices=["native", "openai-chat", "openai-responses", "anthropic", "atif", "auto"])
+    ev.add_argument("--format", default="auto", choices=FORMATS, help="log format (default: auto, detected per file)")
     ev.add_argument("--out", help="local folder for the held-out tables and the report (default: a temp dir)")
     ev.add_argument("--max-steps", type=int, help="evaluate at most this many held-out steps")
     ev.add_argument("--include-seen", action="store_true",
                     help="also score task groups the model trained on (left out by default: optimistic figures)")
+    ev.add_argument("--no-mlflow", action="store_true", help="do not log an evaluation run to MLflow")
+    ev.add_argument("--json", action="store_true", help="print the result as JSON")
     ev.add_argument("--expert-field", metavar="PATH",
                     help="dotted path of the expert's action in a step, e.g. info.behaviour.expert_action "
                          "(default info.expert_action)")
-    ev.add_argument("--no-mlflow", action="store_true", help="do not log an evaluation run to MLflow")
-    ev.add_argument("--json", action="store_true", help="print the result as JSON")
-    ev.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a local Ray)")
+    ev.add_argument("--address", help=ADDRESS_HELP)
     ev.set_defaults(fn=cmd_evaluate)
 
-    from harnessrl import cli_jobs, cli_rewards
+    from harnessrl import cli_jobs, cli_rewards, cli_serve
 
     cli_rewards.register(sub)
     cli_jobs.register(sub)
 
     tr = sub.add_parser("train", help="train and register from a pipeline's encoded data (optionally resume a run)")
-    tr.add_argument("pipeline")
-    tr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+    tr.add_argument("pipeline", help="pipeline YAML whose encode stage has run")
+    tr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
     tr.add_argument("--resume", metavar="RUN", help="continue this run (MLflow run id) from its last checkpoint")
-    tr.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a local Ray)")
+    tr.add_argument("--address", help=ADDRESS_HELP)
     tr.set_defaults(fn=cmd_train)
 
-    serve = sub.add_parser(
-        "serve", help="serve a critic over HTTP with Ray Serve (run: until Ctrl-C; deploy: onto a cluster and "
-                      "return; stop: remove a deployed app)",
-        description="Settings: ServeConfig (harnessrl.config), from --config YAML, then --set, then these flags; "
-                    "unset flags keep the file's value or ServeConfig's default.")
-    serve.add_argument("action", nargs="?", default="run", choices=["run", "deploy", "stop"])
-    serve.add_argument("--config", help="serve config YAML (e.g. serving/serve.yaml), validated by ServeConfig")
-    serve.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a config value (e.g. autoscaling.max_replicas=4)")
-    serve.add_argument("--model", help=registry.FORMS)
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
-    serve.add_argument("--max-batch-size", type=int)
-    serve.add_argument("--max-queued-requests", type=int, help="beyond this: 429 + Retry-After")
-    serve.add_argument("--challenger", help="a second model (e.g. NAME@challenger) for a share of agents")
-    serve.add_argument("--challenger-share", type=float, help="share of agents (by agent_id hash; default 0.1)")
-    serve.add_argument("--reload-every-s", type=float,
-                       help="check the aliases this often and switch to a new version without dropping requests")
-    serve.add_argument("--decision-log", help="folder (local or s3://) for decisions and feedback "
-                                              "(default: $HARNESSRL_HOME/decisions)")
-    serve.add_argument("--address", help="Ray cluster address (deploy and stop need one)")
-    serve.set_defaults(fn=cmd_serve)
+    cli_serve.register(sub)
 
     score = sub.add_parser("score", help="score candidates for one state, in-process")
     score.add_argument("--model", required=True, help=registry.FORMS)
     score.add_argument("--state", required=True, help="rendered text, or JSON {task, history, observation}")
-    score.add_argument("--candidate", action="append", default=[])
+    score.add_argument("--candidate", action="append", default=[], help="a candidate action; repeatable")
     score.set_defaults(fn=cmd_score)
     return p
 
@@ -334,6 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging(args.verbose)
+    settings.protect_tracking_uri()
     try:
         return args.fn(args)
     except HarnessError as exc:

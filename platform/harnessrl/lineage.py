@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as pads
 
-from harnessrl import storage
+from harnessrl import settings, storage
 
 KEYS = ["episode_id", "step_idx"]
 # dataset name -> (folder under the run's output, sort keys of its digest), in pipeline order
@@ -153,7 +153,7 @@ def render(c: Chain) -> str:
     for d in c.datasets:
         status = "" if d.status == "unchecked" else f"  [{d.status}" + (
             f": now {d.current[:23]}]" if d.status == "MISMATCH" else "]")
-        lines.append(f"  {d.name:<12} {d.recorded[:23]}  {d.location}{status}")
+        lines.append(f"  {d.name:<12} {d.recorded[:23]}  {settings.redact(d.location)}{status}")
     if any(d.status != "unchecked" for d in c.datasets):
         lines.append("verified: every digest matches" if c.verified else
                      "NOT verified: " + ", ".join(f"{d.name} {d.status}" for d in c.datasets if d.status != "ok"))

@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 from contextlib import contextmanager
+from typing import Iterator
 
+from harnessrl import addresses
+from harnessrl.errors import ClusterError
 from harnessrl.settings import apply_offline_env
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """Start or join Ray once per process.
 
-    Without an address (and no RAY_ADDRESS) a local instance starts, bound to 127.0.0.1 with
-    no dashboard; with one, this process joins that cluster.
+    Without an address (and no RAY_ADDRESS) a local instance starts, bound to 127.0.0.1; with one
+    (any form harnessrl.addresses accepts), this process joins that cluster. A cluster that does
+    not answer, or a local Ray that cannot start, is a ClusterError (one line, exit code 8).
     """
     apply_offline_env()
-    address = address or os.environ.get("RAY_ADDRESS") or None
+    address = addresses.gcs_address(address)
     if not address:
         # Must be set before Ray is imported anywhere: it decides the node IP (127.0.0.1).
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -36,30 +41,81 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         "logging_config": ray.LoggingConfig(encoding="TEXT", log_level="WARNING"),
     }
     if address:
-        ray.init(address=address, **kwargs)
+        addresses.reachable(address)
+        try:
+            ray.init(address=address, **kwargs)
+        except (ConnectionError, RuntimeError, ValueError, TimeoutError, OSError) as exc:
+            raise ClusterError(f"cannot join the Ray cluster at {address}: {addresses.first_line(exc)}") from None
     else:
-        # The dashboard serves the State API (Ray Train's placement-group cleaner polls it)
-        # and job submission; it binds to loopback like the rest.
-        dashboard = dashboard_available()
-        if not dashboard:
-            logging.getLogger(__name__).warning(
-                "starting local Ray without its dashboard: its packages are missing (a minimal `ray` install); "
-                "encode and ingest run, training and job submission need `pip install 'ray[default]'`")
-        ray.init(
-            include_dashboard=dashboard,
-            dashboard_host="127.0.0.1",
-            dashboard_port=_free_port(8265),  # two local instances (say, serve + run) must not collide
-            num_cpus=num_cpus,
-            _node_ip_address="127.0.0.1",
-            **kwargs,
-        )
+        start_local(num_cpus, kwargs)
     from ray.data import DataContext
+
+    from harnessrl import console
+
+    console.attach_ray()  # what Ray forwards from workers: to the run's log file when a console is on
 
     logging.getLogger("ray.data").setLevel(logging.WARNING)
 
     ctx = DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
+
+
+def start_local(num_cpus: int | None, kwargs: dict, ports: Iterator[int] | None = None, attempts: int = 3) -> None:
+    """A local Ray on loopback. Its dashboard serves the State API (Ray Train's placement-group
+    cleaner polls it) and job submission. A port found free can be taken before Ray's dashboard
+    binds it (another Ray starting beside this one): Ray then fails to start, and it is started
+    again on another port. The dashboard's URL is put in RAY_API_SERVER_ADDRESS before Ray starts,
+    so that Ray's workers (which inherit this environment) query this instance's State API even
+    when other Ray instances run on the machine (Ray's own lookup refuses to choose then)."""
+    import ray
+
+    dashboard = dashboard_available()
+    if not dashboard:
+        logging.getLogger(__name__).warning(
+            "starting local Ray without its dashboard: its packages are missing (a minimal `ray` install); "
+            "encode and ingest run, training and job submission need `pip install 'ray[default]'`")
+    ports = ports or dashboard_ports()
+    for attempt in range(1, attempts + 1):
+        port = next(ports) if dashboard else None
+        if port is not None:
+            os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
+        try:
+            ray.init(include_dashboard=dashboard, dashboard_host="127.0.0.1", dashboard_port=port,
+                     num_cpus=num_cpus, _node_ip_address="127.0.0.1", **kwargs)
+            return
+        except Exception as exc:  # Ray raises ValueError, RuntimeError or a bare Exception here
+            ray.shutdown()
+            message = addresses.first_line(exc)
+            if port is None or attempt == attempts or not _PORT_TROUBLE.search(str(exc)):
+                raise ClusterError(f"could not start a local Ray: {message}") from None
+            logging.getLogger(__name__).info("local Ray: dashboard port %d was taken as Ray started (%s); "
+                                             "starting it on another port", port, message)
+
+
+_PORT_TROUBLE = re.compile(r"(?i)occupied|in use|bind|dashboard")
+
+
+def dashboard_ports() -> Iterator[int]:
+    """8265 (Ray's default) when it is free on loopback, then ports the OS hands out."""
+    yield 8265 if _port_free(8265) else _any_free_port()
+    while True:
+        yield _any_free_port()
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def _any_free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def dashboard_available() -> bool:
@@ -70,18 +126,6 @@ def dashboard_available() -> bool:
     except ImportError:
         return False
     return True
-
-
-def _free_port(preferred: int) -> int:
-    """`preferred` when it is free on loopback, else any free port."""
-    for port in (preferred, 0):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-                return sock.getsockname()[1]
-            except OSError:
-                continue
-    raise RuntimeError("no free port on 127.0.0.1")
 
 
 def shutdown_ray() -> None:

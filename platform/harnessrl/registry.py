@@ -105,7 +105,8 @@ def model_version(uri: str):
     try:
         return c.get_model_version_by_alias(name, alias) if alias else c.get_model_version(name, version)
     except MlflowException as exc:
-        raise ModelError(f"{uri}: not found in the registry at {settings.tracking_uri()} ({exc.message})") from None
+        raise ModelError(f"{uri}: not found in the registry at {settings.redact(settings.tracking_uri())} "
+                         f"({exc.message})") from None
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ MLFLOW_TRACKING_URI for a tracking server, RAY_ADDRESS for a cluster.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 OFFLINE_ENV = {
     # Nothing may download weights or data at run time, and nothing phones home.
@@ -38,6 +40,33 @@ def tracking_uri() -> str:
     path = home() / "mlflow.db"
     path.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{path}"
+
+
+_SECRET_QUERY = re.compile(r"(?i)([?&][^=&]*(?:password|passwd|pwd|token|secret|key|sig|credential)[^=&]*=)[^&]*")
+
+
+def redact(uri: str) -> str:
+    """`uri` fit to print or log: its userinfo (`user:password@`) and the values of query
+    parameters that look like secrets (`?password=...`, `&token=...`) replaced by `***`."""
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        return "***"
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    query = _SECRET_QUERY.sub(r"\1***", "?" + parts.query)[1:] if parts.query else parts.query
+    if (netloc, query) == (parts.netloc, parts.query):
+        return uri
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def protect_tracking_uri() -> None:
+    """MLflow prints "View run ... at: <tracking URI>/#/..." when a run ends: not when the URI
+    carries credentials (it would print them)."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri and redact(uri) != uri:
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 
 def artifact_root() -> str:

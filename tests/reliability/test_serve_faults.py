@@ -4,7 +4,8 @@ replicas, bearer token, decision log, small body limit) serving the session's cr
 - fuzzing: hypothesis drives bodies shaped by the app's own /openapi.json (required fields
   with arbitrary JSON values, extra fields), arbitrary JSON and raw bytes, with and without the
   token: no answer is a 5xx; without the right token every /v1 answer is 401 (or 413 by size);
-- oversized bodies (by Content-Length and by text length) get 413, never a 5xx;
+- oversized bodies (by Content-Length, by the bytes of a chunked body, by text length) get 413,
+  never a 5xx; non-ASCII or malformed Authorization headers 401; NaN feedback scores 422;
 - request content that looks like a path (agent_id, decision_id, state) creates no file;
 - the token never appears in Ray's session logs or the decision log;
 - the HTTP port listens on 127.0.0.1 only, as configured;
@@ -156,6 +157,35 @@ def test_oversized_requests_get_413_not_5xx(service):
     nested = "[" * 5000 + "]" * 5000  # deeply nested JSON must not crash the parser into a 500
     r = http.post(f"{url}/v1/score", content=nested, headers={**AUTH, "content-type": "application/json"})
     assert r.status_code < 500, r.text[:300]
+
+
+def test_hostile_headers_chunked_bodies_and_bad_values_through_serve(service):
+    """Through Ray Serve's proxy (test_api_security.py holds the same answers in-process): a
+    non-ASCII or malformed Authorization header is a 401, a chunked body past the limit a 413
+    (no Content-Length to refuse it by), an unknown history field and a NaN or infinite feedback
+    score a 422; a good request still answers 200 after all of them."""
+    http, url = service["http"], service["url"]
+    body = {"state": STATE, "candidates": ["take coin", "look"]}
+    for header in ("Bearer café".encode(), b"Bearer \xff", b"Bearer", b"Token " + TOKEN.encode(), b""):
+        r = http.post(f"{url}/v1/score", json=body, headers={"Authorization": header})
+        assert r.status_code == 401, (header, r.status_code, r.text[:300])
+
+    def chunks(n: int):
+        data = json.dumps({"state": "x" * n, "candidates": ["a"]}).encode()
+        for i in range(0, len(data), 4096):
+            yield data[i:i + 4096]
+
+    r = http.post(f"{url}/v1/score", content=chunks(3 * MAX_BYTES), headers={**AUTH, "content-type": "application/json"})
+    assert r.status_code == 413 and "serve.max_request_bytes" in r.json()["detail"], (r.status_code, r.text[:300])
+    r = http.post(f"{url}/v1/score", content=chunks(100), headers={**AUTH, "content-type": "application/json"})
+    assert r.status_code == 200, r.text[:300]  # a chunked body within the limit is served
+    extra = {**body, "state": {**STATE, "history": [{"action": "a", "observation": "o", "reward": 1}]}}
+    assert http.post(f"{url}/v1/score", json=extra, headers=AUTH).status_code == 422
+    for score in (b"NaN", b"Infinity", b"1e999"):
+        r = http.post(f"{url}/v1/feedback", content=b'{"decision_id": "d", "outcome": {"score": ' + score + b"}}",
+                      headers={**AUTH, "content-type": "application/json"})
+        assert r.status_code == 422, (score, r.status_code, r.text[:300])
+    assert http.post(f"{url}/v1/score", json=body, headers=AUTH).status_code == 200
 
 
 def test_paths_in_requests_never_touch_the_filesystem(service, tmp_path):
