@@ -281,15 +281,18 @@ def untrained_critic(path: Path) -> str:
     from harnessrl.algorithms.iql import IQLConfig, IQLNetwork
     from harnessrl.encoders import load_encoder
     from harnessrl.features import FEATURE_NAMES
+    from harnessrl.config import RenderConfig
+    from harnessrl.heads.frozen import FrozenScorer
+    from harnessrl.model_card import ModelCard
     from harnessrl.model_files import save_critic
 
     torch.manual_seed(0)
     _, identity = load_encoder("builtin:all-MiniLM-L6-v2", "cpu", 128)
     cfg = IQLConfig(feature_dim=len(FEATURE_NAMES))
-    meta = {"encoder": json.loads(identity.to_json()), "iql": cfg.__dict__, "reward_scale": 1.0,
-            "render": {"window": 3, "max_chars": 1500, "tool_from": "first_word"}, "fallback_threshold": None,
-            "feature_names": list(FEATURE_NAMES), "model_name": "serve-bench-untrained"}
-    save_critic(path, IQLNetwork(cfg).eval(), meta)
+    card = ModelCard(model_name="serve-bench-untrained", head="frozen", head_config=cfg.to_dict(),
+                     encoder=json.loads(identity.to_json()), feature_names=list(FEATURE_NAMES),
+                     render=RenderConfig(window=3, max_chars=1500, tool_from="first_word"))
+    save_critic(path, FrozenScorer(IQLNetwork(cfg)), card)
     return str(path)
 
 

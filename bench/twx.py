@@ -378,10 +378,10 @@ def train_critic(args, work: Path) -> tuple[str, str, dict]:
     return summary["model"]["uri"], str(work / "pipeline"), summary
 
 
-def build_bc(names: list[str], encoded_dir: str, episodes: dict[str, dict], steps: int, render_cfg: dict) -> dict:
+def build_bc(names: list[str], encoded_dir: str, episodes: dict[str, dict], steps: int, render_cfg) -> dict:
     import numpy as np
 
-    from harnessrl.render import Layout, parse_request_state
+    from harnessrl.render import Renderer
     from twx_bc import BCScorer, load_bc_encoder, load_rows, train_bc
 
     rows = load_rows(encoded_dir)
@@ -390,9 +390,10 @@ def build_bc(names: list[str], encoded_dir: str, episodes: dict[str, dict], step
     def encode(texts):
         return model.encode(list(texts), convert_to_numpy=True, show_progress_bar=False, batch_size=64)
 
+    renderer = Renderer(render_cfg)
+
     def render(state):
-        return parse_request_state(state, render_cfg["window"], render_cfg["max_chars"], render_cfg.get("max_tokens"),
-                                   render_cfg.get("tokenizer"), Layout.from_config(render_cfg)).text
+        return renderer.parse(state).text
 
     # The pipeline's ingest table (beside `encoded/`) maps its episode ids to the logs' records.
     import pyarrow.dataset as pads
@@ -416,11 +417,11 @@ def build_bc(names: list[str], encoded_dir: str, episodes: dict[str, dict], step
     return {"scorers": out, "info": info}
 
 
-def model_meta(uri: str) -> dict:
-    """The critic's stored meta (render settings, lineage) without loading its encoder."""
-    from harnessrl.model_files import load_critic_files
+def model_card(uri: str):
+    """The critic's model card (render settings, lineage) without loading its encoder or weights."""
+    from harnessrl.model_card import ModelCard
 
-    return load_critic_files(registry.resolve(uri).path)[1]
+    return ModelCard.read(registry.resolve(uri).path)
 
 
 # ---- diagnosis ---------------------------------------------------------------------------------
@@ -466,7 +467,7 @@ def write_diagnosis(results: dict, out_dir: Path, log_to_mlflow: bool = True) ->
         from harnessrl.jobs.evaluate import training_curves
 
         try:
-            curves = training_curves(model_meta(cfg["model"]))
+            curves = training_curves(model_card(cfg["model"]))
         except Exception as exc:  # a report without curves is still a report
             print(f"[twx-bench] no learning curves: {exc}", flush=True)
     report = diagnosis.render_report(findings, figures, curves, {"q": chosen}, out_dir,
@@ -707,8 +708,8 @@ def run(args: argparse.Namespace) -> dict:
 
         # BC sees states rendered as the encoded data's were: the critic's settings when there is
         # one (trained here or given), else the quickstart's with this run's overrides
-        render_cfg = (model_meta(model_uri)["render"] if model_uri
-                      else load_pipeline(ROOT / "pipelines" / "quickstart.yaml", args.set).render.model_dump())
+        render_cfg = (model_card(model_uri).render if model_uri
+                      else load_pipeline(ROOT / "pipelines" / "quickstart.yaml", args.set).render)
         t0 = time.time()
         torch.set_num_threads(2)
         built = build_bc(need_bc, encoded, by_episode, bc_steps, render_cfg)

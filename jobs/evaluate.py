@@ -74,23 +74,20 @@ def _tool_metrics(critic, rows: list[dict]) -> dict[str, float]:
     """Entropy of the tool head's policy and how often its choice is not among the step's tools."""
     import torch
 
-    from harnessrl.tool_naming import tool_name
-
     if critic.tool_head is None:
         return {}
     state_emb = critic.encode([r["state_text"] for r in rows])  # cached by the Q pass
     with torch.no_grad():
         probs = torch.softmax(critic.tool_head.pi(torch.from_numpy(state_emb).float()), dim=1).numpy()
     out = {f"tool_{k}": v for k, v in metrics.policy_entropy(probs).items()}
-    tool_from = critic.render.get("tool_from", "calls")
     vocab = {t: i for i, t in enumerate(critic.tool_vocab)}
     idx = [i for i, r in enumerate(rows) if r.get("candidates")]
     if idx:
         mask = np.zeros((len(idx), len(vocab)), bool)
         for j, i in enumerate(idx):
             for c in rows[i]["candidates"]:
-                if tool_name(c, tool_from) in vocab:
-                    mask[j, vocab[tool_name(c, tool_from)]] = True
+                if critic.renderer.tool(c) in vocab:
+                    mask[j, vocab[critic.renderer.tool(c)]] = True
         out["invalid_tool_rate"] = metrics.invalid_tool_rate(probs[idx].argmax(1), mask)
     return out
 
@@ -117,9 +114,9 @@ def _episode_selection(rows: list[dict], q: np.ndarray) -> dict[str, float]:
     return metrics.selection_lift(tasks, scores, ok)
 
 
-def training_curves(meta: dict) -> dict[str, list[tuple[int, float]]]:
-    """Learning curves of the model's training run (from its MLflow run), {} when out of reach."""
-    run_id = (meta.get("lineage") or {}).get("mlflow_run_id")
+def training_curves(card) -> dict[str, list[tuple[int, float]]]:
+    """Learning curves of the model's training run (its card's MLflow run), {} when out of reach."""
+    run_id = card.lineage.get("mlflow_run_id")
     if not run_id:
         return {}
     from harnessrl import registry
@@ -137,7 +134,7 @@ def training_curves(meta: dict) -> dict[str, list[tuple[int, float]]]:
 
 
 def _findings(critic, rows, values, scale, curves) -> list:
-    gamma = float(critic.meta["iql"]["gamma"])
+    gamma = critic.card.gamma
     r_max = float(np.max(np.abs([r["reward"] for r in rows]))) if rows else 1.0
     states = [r["state_text"] for r in rows]
     actions = [r["action_text"] for r in rows]
@@ -153,12 +150,12 @@ def _findings(critic, rows, values, scale, curves) -> list:
     return [f for f in found if f is not None]
 
 
-def training_groups(meta: dict) -> set[str] | None:
+def training_groups(card) -> set[str] | None:
     """Task groups (`group_id`) of the model's training transitions; None when the model does not
     name them or they are out of reach (moved, deleted, another machine)."""
     import pyarrow.dataset as pads
 
-    path = (meta.get("lineage") or {}).get("transitions")
+    path = card.lineage.get("transitions")
     if not path:
         return None
     try:
@@ -170,9 +167,9 @@ def training_groups(meta: dict) -> set[str] | None:
     return {g for g in column.to_pylist() if g is not None}
 
 
-def _held_out(rows: list[dict], meta: dict, include_seen: bool) -> tuple[list[dict], dict[str, float]]:
+def _held_out(rows: list[dict], card, include_seen: bool) -> tuple[list[dict], dict[str, float]]:
     """Rows of task groups the model never trained on (DESIGN §7: no task in both splits)."""
-    seen = training_groups(meta)
+    seen = training_groups(card)
     if seen is None:
         return rows, {"seen_groups_checked": 0.0}
     groups = {r["group_id"] for r in rows}
@@ -199,7 +196,6 @@ def evaluate(model_uri: str, sources: list[str], fmt: str = "auto", out_dir: str
     `include_seen`; how many were is in the metrics (`seen_groups`). `expert_field`: the dotted
     path of the expert's action in a step (default `evaluation.EXPERT_FIELD`; expert top-1 is n/a
     where no step names one)."""
-    from harnessrl.config import RenderConfig
     from harnessrl.critic import Critic
     from harnessrl.evaluation import EXPERT_FIELD
     from harnessrl.pipelines.ingest import ingest
@@ -209,22 +205,22 @@ def evaluate(model_uri: str, sources: list[str], fmt: str = "auto", out_dir: str
     started = time.time()
     critic = Critic.load(model_uri)
     out = out_dir or tempfile.mkdtemp(prefix="harnessrl-eval-")
-    recipe = load_recipe((critic.meta.get("lineage") or {}).get("reward_recipe") or "default")
+    recipe = load_recipe(critic.card.lineage.get("reward_recipe") or "default")
     ing = ingest(sources, storage.join(out, "ingest"), fmt)
     if ing.episodes == 0:
         raise DataError(f"no valid episodes in {', '.join(sources)} ({ing.records_quarantined} quarantined)")
     build_transitions(storage.join(out, "ingest"), storage.join(out, "transitions"), recipe,
-                      RenderConfig(**critic.render))
+                      critic.card.render)
     import pyarrow.dataset as pads
 
     fs, path = storage.filesystem(storage.join(out, "transitions"))
     rows = sorted(pads.dataset(path, filesystem=fs, format="parquet").to_table().to_pylist(),
                   key=lambda r: (r["episode_id"], r["step_idx"]))
-    rows, split = _held_out(rows, critic.meta, include_seen)
+    rows, split = _held_out(rows, critic.card, include_seen)
     if max_steps:
         rows = rows[:max_steps]
     values = _critic_values(critic, rows)
-    gamma = float(critic.meta["iql"]["gamma"])
+    gamma = critic.card.gamma
     r = np.array([x["reward"] for x in rows])
     done = np.array([x["done"] for x in rows])
     figures: dict[str, float] = {"steps": len(rows), "episodes": len({x["episode_id"] for x in rows}), **split}
@@ -244,7 +240,7 @@ def evaluate(model_uri: str, sources: list[str], fmt: str = "auto", out_dir: str
     per_task: dict[str, int] = {}
     for x in rows:
         per_task[x["task_id"]] = per_task.get(x["task_id"], 0) + 1
-    curves = training_curves(critic.meta)
+    curves = training_curves(critic.card)
     findings = _findings(critic, rows, values, per_task, curves)
     report = diagnosis.render_report(
         findings, figures, curves,

@@ -15,7 +15,9 @@ from typing import Any
 
 from harnessrl import console, lineage, preflight, registry, settings, storage
 from harnessrl.config import PipelineConfig
+from harnessrl.encoders import EncoderIdentity
 from harnessrl.jobs.stage_cache import run_stage, stage_key
+from harnessrl.model_card import ModelCard
 from harnessrl.ray_runtime import init_ray
 from harnessrl.rewards import load_recipe
 
@@ -106,10 +108,10 @@ def _prepare(cfg: PipelineConfig, out: str, recipe, summary: dict, force: bool) 
     for name in ("transitions", "encoded"):
         _log_dataset(name, storage.join(out, name), digests[name], "training" if name == "encoded" else name)
     summary["digests"] = digests
-    return enc.encoder, digests
+    return EncoderIdentity.from_json(enc.encoder), digests
 
 
-def _train_and_register(cfg: PipelineConfig, out: str, recipe, encoder: dict, digests: dict, run_id: str,
+def _train_and_register(cfg: PipelineConfig, out: str, recipe, encoder: EncoderIdentity, digests: dict, run_id: str,
                         summary: dict) -> str:
     """Train on `out/encoded` (Ray Train run named after the MLflow run, so it can be resumed),
     register the critic with its lineage; returns the model URI."""
@@ -124,16 +126,18 @@ def _train_and_register(cfg: PipelineConfig, out: str, recipe, encoder: dict, di
         # where the training transitions are, so evaluation can keep their task groups out
         "transitions": storage.join(out if storage.is_remote(out) else str(Path(out).resolve()), "transitions"),
     }
-    meta = {"model_name": cfg.registry.model_name, "encoder": encoder, "render": cfg.render.model_dump(),
-            "lineage": lineage_tags, "train_config": cfg.train.model_dump()}
+    # the model card, built once here; training completes it (head, thresholds, metrics)
+    card = ModelCard(model_name=cfg.registry.model_name, head=cfg.train.head, head_config={},
+                     encoder=json.loads(encoder.to_json()), render=cfg.render, lineage=lineage_tags,
+                     train_config=cfg.train.model_dump())
     model_dir = str(Path(out) / "model") if not storage.is_remote(out) else str(settings.home() / "models" / run_id)
-    trn = train(storage.join(out, "encoded"), storage.join(out, "train"), cfg.train, run_id, model_dir, meta, run_id)
+    trn = train(storage.join(out, "encoded"), storage.join(out, "train"), cfg.train, run_id, model_dir, card, run_id)
     summary["train"] = trn.summary()
     mlflow.log_metrics({"train/seconds": trn.seconds, "train/fallback_threshold": trn.fallback_threshold})
     tags = {
         **{f"digest.{k}": v for k, v in digests.items()},
         "reward_recipe": recipe.name, "reward_recipe_hash": recipe.digest(),
-        "encoder": json.dumps(encoder, sort_keys=True), "train_config": json.dumps(cfg.train.model_dump()),
+        "encoder": encoder.to_json(), "train_config": json.dumps(cfg.train.model_dump()),
         "git_sha": sha, "mlflow_run_id": run_id, "fallback_threshold": f"{trn.fallback_threshold:.6g}",
         "pipeline": cfg.name, "raw_sources": json.dumps(lineage.absolute_sources(cfg.data.train)),
         "output_dir": out if storage.is_remote(out) else str(Path(out).resolve()),
@@ -232,7 +236,7 @@ def train_only(cfg: PipelineConfig, resume: str | None = None) -> dict[str, Any]
         fs, path = storage.filesystem(storage.join(out, "train", resume))
         if fs.get_file_info(path).type.name == "NotFound":
             raise DataError(f"no training run {resume!r} under {storage.join(out, 'train')} to resume")
-    encoder = json.loads(encoded_data.read_identity(encoded).to_json())
+    encoder = encoded_data.read_identity(encoded)
     digests = lineage.run_digests(out, storage.digest_sources(storage.expand_sources(cfg.data.train)))
     summary: dict[str, Any] = {"pipeline": cfg.name, "output_dir": out, "resumed": resume}
     run_args = {"run_id": resume} if resume else {"experiment_id": experiment_id,

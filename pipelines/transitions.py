@@ -16,7 +16,7 @@ from harnessrl import schemas, storage
 from harnessrl.config import RenderConfig
 from harnessrl.errors import DataError
 from harnessrl.ray_runtime import shuffle_partitions
-from harnessrl.render import Layout
+from harnessrl.render import Renderer
 from harnessrl.rewards import RewardRecipe
 from harnessrl.transitions import episode_transitions
 
@@ -42,9 +42,7 @@ class TransitionsResult:
 
 def _build(group: pa.Table, episodes: dict, recipe: RewardRecipe, render: RenderConfig) -> pa.Table:
     steps = group.to_pylist()
-    rows = episode_transitions(episodes[steps[0]["episode_id"]], steps, recipe, render.window, render.max_chars,
-                               render.tool_from, render.max_tokens, render.tokenizer,
-                               Layout.from_config(render.model_dump()))
+    rows = episode_transitions(episodes[steps[0]["episode_id"]], steps, recipe, Renderer(render))
     for r in rows:
         r["reward_components"] = list(r["reward_components"].items())
     return pa.Table.from_pylist(rows, schema=schemas.TRANSITIONS)

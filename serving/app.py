@@ -20,7 +20,6 @@ import logging
 import os
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -324,7 +323,7 @@ class CriticService:
                          challenger_share=self.challenger_share,
                          tools=critic.tool_vocab if critic.tool_head is not None else [],
                          embedding_cache=critic.lru.stats(),
-                         encoder=critic.meta["encoder"], lineage=critic.meta.get("lineage", {}))
+                         encoder=critic.card.encoder, lineage=critic.card.lineage)
 
     @api.get("/healthz")
     def healthz(self) -> dict:
@@ -374,23 +373,16 @@ def encoder_plan(model_uri: str, cfg: ServeConfig):
     """(encoder name, max_seq_length, identity) of the encoder deployment: the served model's own
     encoder unless `serve.encoder` names another, which is an error (ModelError) unless it is
     the same encoder. Read from the model's and the encoder's files: no weights are loaded."""
-    import json
-
-    from harnessrl.encoders import EncoderIdentity, encoder_identity
-    from harnessrl.errors import ModelError
-    from harnessrl.model_files import CONFIG
-
     from harnessrl import registry
+    from harnessrl.encoders import encoder_identity
+    from harnessrl.model_card import ModelCard
 
-    path = registry.resolve(model_uri).path
-    try:
-        trained = EncoderIdentity.from_json(json.loads((Path(path) / CONFIG).read_text())["encoder"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ModelError(f"{model_uri}: cannot read the model's encoder identity ({exc})") from None
+    card = ModelCard.read(registry.resolve(model_uri).path)
+    trained = card.identity
     enc = cfg.encoder
     name, max_seq = enc.model or trained.model_name, enc.max_seq_length or trained.max_seq_length
     configured = encoder_identity(name, max_seq, trained.precision)
-    trained.check_same(configured, f"serve.encoder (model={enc.model!r}, max_seq_length={enc.max_seq_length!r}) "
+    card.check_encoder(configured, f"serve.encoder (model={enc.model!r}, max_seq_length={enc.max_seq_length!r}) "
                                    f"against the model {model_uri}")
     return name, max_seq, configured
 

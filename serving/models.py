@@ -38,7 +38,7 @@ class ModelSlot:
         critic = Critic.load(self.uri, with_encoder=self.identity is None)
         critic.lru.size = self.cache_size
         if self.identity is not None:
-            critic.identity.check_same(self.identity, f"model {self.uri} (version {critic.version}) served with "
+            critic.card.check_encoder(self.identity, f"model {self.uri} (version {critic.version}) served with "
                                        "the encoder deployment (serve.encoder)")
         return critic
 

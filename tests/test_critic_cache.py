@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from harnessrl.algorithms.iql import IQLConfig, IQLNetwork
+from harnessrl.heads.frozen import FrozenScorer
+from harnessrl.model_card import ModelCard
 from harnessrl.critic import Critic
 from harnessrl.encoders import load_encoder
 
@@ -27,9 +29,9 @@ class CountingEncoder:
 @pytest.fixture(scope="module")
 def critic():
     model, identity = load_encoder("builtin:all-MiniLM-L6-v2", "cpu", 128)
-    meta = {"encoder": json.loads(identity.to_json()), "iql": IQLConfig(feature_dim=5).__dict__, "reward_scale": 1.0,
-            "render": {"window": 2, "max_chars": 500}, "fallback_threshold": None}
-    return Critic(IQLNetwork(IQLConfig(feature_dim=5)).eval(), meta, encoder=CountingEncoder(model), cache_size=4)
+    card = ModelCard(head="frozen", head_config=IQLConfig(feature_dim=5).to_dict(), encoder=json.loads(identity.to_json()),
+                     render={"window": 2, "max_chars": 500})
+    return Critic(FrozenScorer(IQLNetwork(IQLConfig(feature_dim=5))), card, encoder=CountingEncoder(model), cache_size=4)
 
 
 def test_repeated_texts_come_from_the_cache(critic):
@@ -69,7 +71,7 @@ def test_given_embeddings_fill_misses_and_a_critic_without_encoder_needs_them(cr
     assert critic.uncached(prep.texts) == []
     assert np.allclose(scores[0], critic.score(state, ["look", "go"]), atol=1e-6)
 
-    bare = Critic(critic.net, critic.meta, encoder=None, cache_size=4)
+    bare = Critic(critic.scorer, critic.card, encoder=None, cache_size=4)
     with pytest.raises(ModelError, match="no encoder loaded here"):
         bare.score(state, ["look", "go"])
     assert np.allclose(bare.score_prepared(bare.prepare([(state, ["look", "go"])]), given=given)[0][0], scores[0],

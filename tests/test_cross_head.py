@@ -13,6 +13,8 @@ import torch
 from harnessrl.algorithms.cross import CrossConfig, CrossIQLNetwork, CrossLearner, CrossScorer, trunk_from_encoder
 from harnessrl.config import CrossHeadConfig, TrainConfig
 from harnessrl.encoders import BUILTIN_MINILM
+from harnessrl.heads.cross import CrossHeadScorer
+from harnessrl.model_card import ModelCard
 
 COLORS = ["red", "blue", "green", "yellow", "white", "black"]
 
@@ -61,11 +63,13 @@ def test_cross_learner_learns_which_action_matches_the_state(torch_one_thread):
     assert margin.min() > 0.3  # matched pairs near 1, the others near 0
 
 
-def _cross_meta(learner: CrossLearner) -> dict:
+def _cross_card(learner: CrossLearner):
     from harnessrl.encoders import encoder_identity
+    from harnessrl.model_card import ModelCard
 
-    return {"head": "cross", "iql": learner.cfg.to_dict(), "encoder": encoder_identity(BUILTIN_MINILM, 64).to_json(),
-            "render": {"window": 3, "max_chars": 1500}, "reward_scale": 0.5, "fallback_threshold": None}
+    return ModelCard(head="cross", head_config=learner.cfg.to_dict(),
+                     encoder=json.loads(encoder_identity(BUILTIN_MINILM, 64).to_json()),
+                     render={"window": 3, "max_chars": 1500}, reward_scale=0.5)
 
 
 def test_cross_critic_folder_round_trips_without_pickle(tmp_path, torch_one_thread):
@@ -77,17 +81,17 @@ def test_cross_critic_folder_round_trips_without_pickle(tmp_path, torch_one_thre
         for p in learner.core.trunk.encoder.layer[0].parameters():
             p.add_(0.01 * torch.randn_like(p))
     learner.core.eval()
-    save_critic(tmp_path, learner.scorer, _cross_meta(learner))
+    save_critic(tmp_path, CrossHeadScorer(learner.scorer), _cross_card(learner))
     trunk_files = sorted(p.name for p in (tmp_path / "trunk").iterdir())
     assert "config.json" in trunk_files and "tokenizer.json" in trunk_files
     assert not [f for f in trunk_files if f.endswith((".bin", ".pt", ".pkl", ".safetensors"))]
     assert json.loads((tmp_path / "trunk" / "config.json").read_text())["num_hidden_layers"] == 1
 
-    scorer, meta = load_critic_files(tmp_path)
+    scorer, card = load_critic_files(tmp_path)
     states, actions = ["you see a red door", "you see a blue door"], ["open red door", "open blue door"]
-    assert torch.allclose(scorer.min_q(states, actions), learner.scorer.min_q(states, actions), atol=1e-5)
+    assert torch.allclose(scorer.scorer.min_q(states, actions), learner.scorer.min_q(states, actions), atol=1e-5)
 
-    critic = Critic(scorer, meta)  # no encoder: nothing is embedded for a cross head without an OOD reference
+    critic = Critic(scorer, card)  # no encoder: nothing is embedded for a cross head without an OOD reference
     scores = critic.score("you see a red door", ["open red door", "open blue door"])
     expect = learner.scorer.min_q(["you see a red door"] * 2, ["open red door", "open blue door"]) / 0.5
     assert np.allclose(scores, expect.numpy(), atol=1e-4)
@@ -116,16 +120,17 @@ def test_train_job_fits_exports_evaluates_and_serves_a_cross_critic(encoded, wor
     cfg = TrainConfig(head="cross", cross=CrossHeadConfig(layers=1, max_length=64, batch_size=8), steps=12,
                       num_workers=2, cpus_per_worker=0.5, checkpoint_every=6, log_every=6, validation_fraction=0.3,
                       select="best", alpha=0.3, candidates_per_step=2)
-    meta = {"encoder": encoded.encoder, "render": {"window": 3, "max_chars": 1500, "tool_from": "first_word"}}
+    card = ModelCard(head_config={}, encoder=encoded.encoder,
+                     render={"window": 3, "max_chars": 1500, "tool_from": "first_word"})
     result = train(str(work["dir"] / "encoded"), str(work["dir"] / "cross-train"), cfg, "cross-test",
-                   str(work["dir"] / "cross-model"), meta)
+                   str(work["dir"] / "cross-model"), card)
     m = result.metrics
     assert m["step"] == 12 and m["val_best_step"] in (6, 12) and np.isfinite(m["val_best_td_error"])
     assert np.isfinite(m["loss_q"]) and "cand_penalty" in m and np.isfinite(result.fallback_threshold)
 
     critic = Critic.load(result.model_dir)
-    assert critic.cross is not None and critic.meta["head"] == "cross" and critic.tool_head is None
-    assert critic.meta["iql"]["layers"] == 1 and critic.uses_features
+    assert isinstance(critic.scorer, CrossHeadScorer) and critic.card.head == "cross" and critic.tool_head is None
+    assert critic.card.head_config["layers"] == 1 and critic.uses_features
     state = {"task": "find the coin", "history": [], "observation": "You are in the kitchen. A door leads north."}
     decision = critic.decide(state, ["move north", "take coin", "look around"])
     assert len(decision.scores) == 3 and all(np.isfinite(decision.scores)) and decision.ood is not None
@@ -133,7 +138,7 @@ def test_train_job_fits_exports_evaluates_and_serves_a_cross_critic(encoded, wor
     from harnessrl.features import features_for
 
     f = torch.tensor(features_for(parsed.history, parsed.observation, ["move north"], "first_word"))
-    direct = critic.cross.min_q([parsed.text], ["move north"], f) / critic.reward_scale
+    direct = critic.scorer.scorer.min_q([parsed.text], ["move north"], f) / critic.reward_scale
     assert decision.scores[0] == pytest.approx(float(direct[0]), abs=1e-5)
 
     from harnessrl.jobs.evaluate import evaluate
@@ -163,7 +168,7 @@ def test_text_rows_pair_each_untaken_candidate_with_its_features():
     the cross head's rows must pair the same candidates with them."""
     import pyarrow as pa
 
-    from harnessrl.jobs.train_cross import load_text_rows
+    from harnessrl.heads.cross import load_text_rows
     from harnessrl.transitions import untaken_candidates
 
     cands = ["go north", "take coin", "look", "open door", "inventory"]
@@ -181,13 +186,23 @@ def test_text_rows_pair_each_untaken_candidate_with_its_features():
 
 def test_cross_learners_checkpoint_round_trip(tmp_path, torch_one_thread):
     """Resuming a cross run restores the trunk, the heads and the optimiser (there is no target copy)."""
-    from harnessrl.jobs.train_cross import CrossLearners
+    import pyarrow as pa
 
-    config = {"cross": CrossConfig(layers=1, max_length=32, hidden_dim=16).to_dict(), "encoder_name": BUILTIN_MINILM}
-    first = CrossLearners(config, 1)
+    from harnessrl.heads.cross import CrossHead
+
+    config = {"network": CrossConfig(layers=1, max_length=32, hidden_dim=16).to_dict(), "encoder_name": BUILTIN_MINILM,
+              "reward_scale": 1.0, "candidates_per_step": 2, "batch_size": 4, "seed": 0}
+    rows = [pa.table({"state_text": ["a red door"], "action_text": ["open it"], "next_state_text": ["an open door"],
+                      "reward": [1.0], "done": [True], "features": [[]], "candidates": [None],
+                      "candidate_features": [[]], "outcome_success": [True]})]
+
+    def learners():
+        return CrossHead().worker(config, rows, None, 1, "cpu").learners
+
+    first = learners()
     first.critic.update(["a red door"] * 4, ["open it"] * 4, torch.ones(4), ["an open door"] * 4, torch.ones(4))
     first.save(str(tmp_path), 7, {"reward_scale": 1.0})
-    again = CrossLearners(config, 1)
+    again = learners()
     assert again.load(str(tmp_path)) == 7
     for (name, a), b in zip(first.critic.core.state_dict().items(), again.critic.core.state_dict().values()):
         assert torch.equal(a, b), name

@@ -18,6 +18,7 @@ from conftest import import_bench
 from harnessrl import encoded_data
 from harnessrl.encoders import ENCODER_KEY, encoder_identity
 from harnessrl.errors import ModelError
+from harnessrl.model_card import ModelCard
 
 
 def _dataset(folder, meta_identity, schema_identity=None):
@@ -58,7 +59,7 @@ def test_training_refuses_embeddings_of_another_encoder(tmp_path):
 
     ident = encoder_identity(max_seq_length=128)
     encoded = _dataset(tmp_path / "enc", ident, ident)
-    meta = {"encoder": json.loads(replace(ident, precision="bfloat16").to_json())}
+    meta = ModelCard(head_config={}, encoder=json.loads(replace(ident, precision="bfloat16").to_json()))
     with pytest.raises(ModelError, match="encoder mismatch in training data .*precision: 'float32' vs 'bfloat16'"):
         train(encoded, str(tmp_path / "train"), TrainConfig(steps=1), "refused", str(tmp_path / "model"), meta)
     assert not (tmp_path / "train").exists() and not (tmp_path / "model").exists()

@@ -12,7 +12,8 @@ from harnessrl.algorithms.iql import IQLConfig, IQLNetwork
 from harnessrl.critic import best_allowed
 from harnessrl.features import (FEATURE_NAMES, OTHER_TOOL, action_features, features_for, repeats_here, tool_ids,
                                 tool_vocabulary)
-from harnessrl.render import Turn, parse_request_state
+from harnessrl.config import RenderConfig
+from harnessrl.render import Renderer, Turn
 from harnessrl.rewards import RewardRecipe
 from harnessrl.tool_naming import tool_name
 from harnessrl.transitions import episode_transitions, untaken_candidates
@@ -83,11 +84,12 @@ def test_training_and_serving_compute_identical_features():
     steps = [{"step_idx": i, "obs_text": obs[i], "action_text": a, "terminated": i == 4,
               "candidates": ["go east", "look", "take pan", "go west"]} for i, a in enumerate(actions)]
     episode = {"episode_id": "e", "task_text": "cook", "outcome_success": True, "terminated": True}
-    rows = episode_transitions(episode, steps, RewardRecipe(), window=2, max_chars=500, tool_from="first_word")
+    render = Renderer(RenderConfig(window=2, max_chars=500, tool_from="first_word"))
+    rows = episode_transitions(episode, steps, RewardRecipe(), render)
     for t, row in enumerate(rows):
         request = {"task": "cook", "observation": obs[t],
                    "history": [{"action": actions[i], "observation": obs[i + 1]} for i in range(t)]}
-        parsed = parse_request_state(request, 2, 500)
+        parsed = render.parse(request)
         assert parsed.text == row["state_text"]
         cands = untaken_candidates(row["action_text"], row["candidates"])
         served = features_for(parsed.history, parsed.observation, [row["action_text"], *cands], "first_word")

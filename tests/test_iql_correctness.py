@@ -39,7 +39,8 @@ import mdp_logs as M
 from harnessrl.algorithms.iql import IQLConfig, IQLLearner
 from harnessrl.formats.native import ParsedEpisode, parse_line
 from harnessrl.transitions import untaken_candidates
-from harnessrl.render import render_state
+from harnessrl.config import RenderConfig
+from harnessrl.render import Renderer
 from harnessrl.rewards import RewardRecipe
 from harnessrl.transitions import episode_transitions
 
@@ -58,7 +59,8 @@ GREEDY_MIN_MATCH, GREEDY_MARGIN = 0.8, 0.02
 
 RECIPE = RewardRecipe(name="frozenlake", success=1.0, failure=0.0, step_cost=0.0, source_reward=0.0)
 MARKER = re.compile(r"\n\((\d+) earlier steps\)$")
-CELL_TEXT = {render_state(M.TASK, [], M.observation(s), window=0, max_chars=4000): s for s in range(M.N_STATES)}
+RENDER = Renderer(RenderConfig(window=0, max_chars=4000))
+CELL_TEXT = {RENDER.text(M.TASK, [], M.observation(s)): s for s in range(M.N_STATES)}
 ACTION_ID = {t: a for a, t in enumerate(M.ACTION_TEXT)}
 
 
@@ -88,7 +90,7 @@ def logged():
         parsed = parse_line(line, "memory://frozenlake.jsonl", i + 1)
         assert isinstance(parsed, ParsedEpisode), parsed
         episodes.append(parsed)
-        rows += episode_transitions(parsed.episode, parsed.steps, RECIPE, window=0, max_chars=4000)
+        rows += episode_transitions(parsed.episode, parsed.steps, RECIPE, RENDER)
     s = np.array([cell_of(r["state_text"])[0] for r in rows])
     s2 = np.array([cell_of(r["next_state_text"])[0] for r in rows])
     a = np.array([ACTION_ID[r["action_text"]] for r in rows])

@@ -4,7 +4,6 @@ follow from a precision (the identity's, float16 weights, bfloat16 autocast in t
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from harnessrl.config import EncoderConfig, ServeEncoderConfig, TrainConfig, load_pipeline, load_serve
@@ -35,14 +34,17 @@ def test_users_yaml_loads_with_either_spelling(tmp_path, written, train, encoder
 
 def test_the_train_jobs_read_the_normalised_name():
     """train.precision: bf16 (old spelling) still turns on bfloat16 autocast in the heads."""
-    from harnessrl.jobs.train import _tool_head_config
-    from harnessrl.jobs.train_cross import loop_config
+    from harnessrl.heads.base import DriverData
+    from harnessrl.heads.cross import CrossHead
+    from harnessrl.heads.frozen import tool_head_config
 
-    tools = np.array(["search", "read", "search"], dtype=object)
+    tools = ["search", "read", "search"]
+    data = DriverData(ds=None, n_rows=3, feature_dim=0, feature_stats=None, reward_scale=1.0,
+                      encoder_name="builtin:all-MiniLM-L6-v2")
     for written, on in (("bf16", True), ("bfloat16", True), ("fp32", False), ("float32", False)):
         cfg = TrainConfig(precision=written)
-        assert _tool_head_config(cfg, tools, 8, [])[0]["bf16"] is on, written
-        assert loop_config(cfg, "builtin:all-MiniLM-L6-v2", 0)["cross"]["bf16"] is on, written
+        assert tool_head_config(cfg, tools, 8, [])[0]["bf16"] is on, written
+        assert CrossHead().loop_config(cfg, data)["network"]["bf16"] is on, written
 
 
 def test_bad_names_are_config_errors_naming_the_choices(tmp_path):

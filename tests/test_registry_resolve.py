@@ -49,12 +49,14 @@ def test_errors_name_the_forms_or_the_missing_folder():
 def _tiny_critic(folder):
     from harnessrl.algorithms.iql import IQLConfig, IQLNetwork
     from harnessrl.encoders import encoder_identity
+    from harnessrl.heads.frozen import FrozenScorer
+    from harnessrl.model_card import ModelCard
     from harnessrl.model_files import save_critic
 
     iql = IQLConfig(state_dim=384, action_dim=384, hidden_dim=8)
-    meta = {"encoder": json.loads(encoder_identity().to_json()), "iql": iql.to_dict(), "reward_scale": 1.0,
-            "render": {"window": 2, "max_chars": 500}, "fallback_threshold": None}
-    return save_critic(folder, IQLNetwork(iql), meta)
+    card = ModelCard(head="frozen", head_config=iql.to_dict(), encoder=json.loads(encoder_identity().to_json()),
+                     render={"window": 2, "max_chars": 500})
+    return save_critic(folder, FrozenScorer(IQLNetwork(iql)), card)
 
 
 def test_registry_models_resolve_by_alias_and_version(harnessrl_home, tmp_path):

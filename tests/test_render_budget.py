@@ -16,7 +16,15 @@ from harnessrl.critic import Critic
 from harnessrl.encoders import BUILTIN_MINILM, encoder_identity
 from harnessrl.errors import ConfigError
 from harnessrl.pipelines.transitions import _build
-from harnessrl.render import Turn, render_state
+from harnessrl.config import RenderConfig
+from harnessrl.heads.frozen import FrozenScorer
+from harnessrl.model_card import ModelCard
+from harnessrl.render import Renderer, Turn
+
+
+def render_state(task, history, observation, **settings) -> str:
+    return Renderer(RenderConfig.model_construct(**{**RenderConfig().model_dump(), **settings})).text(
+        task, history, observation)
 from harnessrl.rewards import RewardRecipe
 
 TASK = "Find the red key and open the cellar door."
@@ -87,9 +95,9 @@ def test_training_and_serving_render_identical_states_under_a_budget():
     rows = sorted(rows.to_pylist(), key=lambda r: r["step_idx"])
 
     identity = encoder_identity(BUILTIN_MINILM)
-    meta = {"encoder": json.loads(identity.to_json()), "iql": IQLConfig().__dict__, "reward_scale": 1.0,
-            "render": cfg.render.model_dump()}  # as the pipeline stores it with the model
-    critic = Critic(IQLNetwork(IQLConfig()).eval(), meta)
+    card = ModelCard(head="frozen", head_config=IQLConfig().to_dict(), encoder=json.loads(identity.to_json()),
+                     render=cfg.render)  # as the pipeline stores it with the model
+    critic = Critic(FrozenScorer(IQLNetwork(IQLConfig())), card)
     dropped = 0
     for t, row in enumerate(rows):
         request = {"task": TASK, "observation": obs[t],

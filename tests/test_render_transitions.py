@@ -6,9 +6,23 @@ from __future__ import annotations
 import pytest
 
 from harnessrl.errors import ConfigError
-from harnessrl.render import Layout, Turn, render_state, state_from_request
+from harnessrl.config import RenderConfig
+from harnessrl.render import Renderer, Turn
 from harnessrl.rewards import RewardRecipe
 from harnessrl.transitions import episode_transitions
+
+
+def renderer(**settings) -> Renderer:
+    """A Renderer of these settings (unvalidated: the tests use budgets below RenderConfig's minimum)."""
+    return Renderer(RenderConfig.model_construct(**{**RenderConfig().model_dump(), **settings}))
+
+
+def render_state(task, history, observation, window=4, max_chars=2000, **settings) -> str:
+    return renderer(window=window, max_chars=max_chars, **settings).text(task, history, observation)
+
+
+def state_from_request(state, window, max_chars):
+    return renderer(window=window, max_chars=max_chars).parse(state).text
 
 
 # ---- render_state -----------------------------------------------------------------------------
@@ -97,7 +111,7 @@ def _episode(terminated: bool, success: bool | None = True):
 
 def test_next_state_of_step_is_state_of_next_step():
     episode, steps = _episode(True)
-    rows = episode_transitions(episode, steps, RewardRecipe(), window=4, max_chars=2000)
+    rows = episode_transitions(episode, steps, RewardRecipe(), renderer(window=4, max_chars=2000))
     assert rows[0]["next_state_text"] == rows[1]["state_text"]
     assert rows[1]["next_state_text"] == rows[2]["state_text"]
     assert rows[2]["next_state_text"] == (
@@ -108,7 +122,7 @@ def test_next_state_of_step_is_state_of_next_step():
 
 def test_state_text_content():
     episode, steps = _episode(True)
-    rows = episode_transitions(episode, steps, RewardRecipe(), window=4, max_chars=2000)
+    rows = episode_transitions(episode, steps, RewardRecipe(), renderer(window=4, max_chars=2000))
     assert rows[0]["state_text"] == "Task: Find food.\nNow: You are in the hall."
     assert rows[2]["state_text"] == "Task: Find food.\nNow: There is a fridge.\n> look\n> go east -> You are in the kitchen."
 
@@ -166,7 +180,7 @@ def test_row_passthrough_fields():
 @pytest.mark.parametrize("window, max_chars", [(4, 2000), (1, 2000), (0, 2000), (2, 60)])
 def test_serving_request_reproduces_training_state(window, max_chars):
     episode, steps = _episode(True)
-    rows = episode_transitions(episode, steps, RewardRecipe(), window=window, max_chars=max_chars)
+    rows = episode_transitions(episode, steps, RewardRecipe(), renderer(window=window, max_chars=max_chars))
     for t in range(len(steps)):
         request = {
             "task": episode["task_text"],
@@ -186,32 +200,32 @@ MAP_HISTORY = [Turn("read map", "map: kitchen east, garden north"), Turn("go eas
 def test_pinned_result_outlives_the_window():
     plain = render_state("t", MAP_HISTORY, "a garden", window=2)
     assert "map:" not in plain
-    text = render_state("t", MAP_HISTORY, "a garden", window=2, layout=Layout(pin=("READ MAP",)))
+    text = render_state("t", MAP_HISTORY, "a garden", window=2, pin=["READ MAP"])
     # the latest result of the pinned action, once, right after the task and observation
     assert text.splitlines()[:3] == ["Task: t", "Now: a garden", "Pinned > read map: map: garden north only"]
     assert text.count("Pinned") == 1
-    globbed = render_state("t", MAP_HISTORY, "a garden", window=2, layout=Layout(pin=("read *", "take *")))
+    globbed = render_state("t", MAP_HISTORY, "a garden", window=2, pin=["read *", "take *"])
     assert [line for line in globbed.splitlines() if line.startswith("Pinned")] == [
         "Pinned > read map: map: garden north only", "Pinned > take pan: taken"]
-    assert "Pinned" not in render_state("t", MAP_HISTORY, "a garden", window=2, layout=Layout(pin=("open *",)))
+    assert "Pinned" not in render_state("t", MAP_HISTORY, "a garden", window=2, pin=["open *"])
 
 
 def test_pin_skips_a_result_already_shown():
     history = [Turn("go east", "kitchen"), Turn("read map", "the map")]
-    assert "Pinned" not in render_state("t", history, "the map", layout=Layout(pin=("read map",)))
+    assert "Pinned" not in render_state("t", history, "the map", pin=["read map"])
     history = [Turn("task", "Find the key."), Turn("go east", "kitchen")]  # the task command repeats the task
-    assert "Pinned" not in render_state("Find the key.", history, "kitchen", layout=Layout(pin=("task",)))
+    assert "Pinned" not in render_state("Find the key.", history, "kitchen", pin=["task"])
 
 
 def test_done_list_counts_repeats_in_order_of_first_use():
     text = render_state("t", MAP_HISTORY + [Turn("look", "a garden")], "a garden", window=1,
-                        layout=Layout(list_actions=True))
+                        list_actions=True)
     assert "Done: read map (x2); go east; take pan; go west; go north; look (x2)" in text.splitlines()
-    assert "Done" not in render_state("t", [], "start", layout=Layout(list_actions=True))
+    assert "Done" not in render_state("t", [], "start", list_actions=True)
 
 
 def test_observation_first():
-    text = render_state("t", MAP_HISTORY[:1], "hall", layout=Layout(observation_first=True))
+    text = render_state("t", MAP_HISTORY[:1], "hall", observation_first=True)
     assert text.splitlines()[:2] == ["Now: hall", "Task: t"]
 
 
@@ -228,6 +242,8 @@ def test_layout_reproduced_by_the_served_critic():
     from harnessrl.critic import Critic
     from harnessrl.encoders import BUILTIN_MINILM, encoder_identity
     from harnessrl.features import features_for
+    from harnessrl.heads.frozen import FrozenScorer
+    from harnessrl.model_card import ModelCard
     from harnessrl.pipelines.transitions import _build
 
     cfg = parse_pipeline({"data": {"train": ["x"]}, "render": {
@@ -240,9 +256,9 @@ def test_layout_reproduced_by_the_served_critic():
                "outcome_success": True, "outcome_score": None, "tool_definitions": "[]"}
     rows = sorted(_build(pa.Table.from_pylist(steps, schema=schemas.STEPS), {"e": episode}, RewardRecipe(),
                          cfg.render).to_pylist(), key=lambda r: r["step_idx"])
-    meta = {"encoder": json.loads(encoder_identity(BUILTIN_MINILM).to_json()), "iql": IQLConfig().__dict__,
-            "reward_scale": 1.0, "render": cfg.render.model_dump()}
-    critic = Critic(IQLNetwork(IQLConfig()).eval(), meta)
+    card = ModelCard(head="frozen", head_config=IQLConfig().to_dict(),
+                     encoder=json.loads(encoder_identity(BUILTIN_MINILM).to_json()), render=cfg.render)
+    critic = Critic(FrozenScorer(IQLNetwork(IQLConfig())), card)
     pinned = 0
     for t, row in enumerate(rows):
         request = {"task": "find the garden", "observation": obs[t],

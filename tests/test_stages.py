@@ -16,6 +16,7 @@ from conftest import table as _table
 from harnessrl.config import TrainConfig
 from harnessrl.encoders import load_encoder, text_hash
 from harnessrl.rewards import load_recipe
+from harnessrl.model_card import ModelCard
 
 
 def test_ingest_accounts_for_every_record(ingested, work, sample_slice):
@@ -88,7 +89,7 @@ def test_train_checkpoints_and_scores(encoded, work):
     from harnessrl import Critic
     from harnessrl.jobs.train import train
 
-    meta = {"encoder": encoded.encoder, "render": {"window": 3, "max_chars": 1500}}
+    meta = ModelCard(head_config={}, encoder=encoded.encoder, render={"window": 3, "max_chars": 1500})
     cfg = TrainConfig(steps=60, batch_size=64, num_workers=2, cpus_per_worker=0.5, checkpoint_every=30, log_every=20,
                       alpha=0.5)
     result = train(str(work["dir"] / "encoded"), str(work["dir"] / "train"), cfg, "stage-test", str(work["dir"] / "model"), meta)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -13,7 +12,7 @@ import pytest
 from harnessrl import schemas
 from harnessrl.config import TrainConfig
 from harnessrl.features import OTHER_TOOL, defined_tools, tool_ids, tool_vocabulary
-from harnessrl.jobs.train import _tool_head_config, defined_tools_of
+from harnessrl.heads.frozen import defined_tools_of, tool_head_config
 from harnessrl.rewards import RewardRecipe
 from harnessrl.transitions import episode_transitions
 
@@ -52,11 +51,11 @@ def test_transitions_carry_the_episodes_defined_tools():
 
 def test_head_is_trained_when_only_definitions_offer_a_second_tool():
     cfg = TrainConfig()
-    head, vocab = _tool_head_config(cfg, np.array(["search"] * 4, dtype=object), 8)
+    head, vocab = tool_head_config(cfg, ["search"] * 4, 8)
     assert head is None and vocab == ["search"]
-    head, vocab = _tool_head_config(cfg, np.array(["search"] * 4, dtype=object), 8, ["read_file", "search"])
+    head, vocab = tool_head_config(cfg, ["search"] * 4, 8, ["read_file", "search"])
     assert vocab == ["search", "read_file"] and head["n_actions"] == 2
-    capped = _tool_head_config(cfg.model_copy(update={"max_tools": 2}), np.array(["a", "b", "b"], dtype=object), 8,
+    capped = tool_head_config(cfg.model_copy(update={"max_tools": 2}), ["a", "b", "b"], 8,
                                ["c"])[1]
     assert capped == ["b", OTHER_TOOL]
 

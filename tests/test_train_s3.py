@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from harnessrl.model_card import ModelCard
 
 pytestmark = pytest.mark.integration
 
@@ -16,7 +17,7 @@ def test_checkpoints_go_to_s3_and_resume_from_there(encoded, work, s3, tmp_path)
     from harnessrl.encoded_data import read_identity
 
     storage_dir = f"s3://{s3['bucket']}/runs/train"
-    meta = {"encoder": json.loads(read_identity(encoded.out_dir).to_json())}
+    meta = ModelCard(head_config={}, encoder=json.loads(read_identity(encoded.out_dir).to_json()))
     cfg = TrainConfig(steps=40, batch_size=64, checkpoint_every=20, log_every=20, num_workers=1,
                       cpus_per_worker=0.5)
     first = train(encoded.out_dir, storage_dir, cfg, "s3-run", str(tmp_path / "m1"), meta)

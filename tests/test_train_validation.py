@@ -10,7 +10,8 @@ import torch
 
 from harnessrl.algorithms.iql import IQLConfig
 from harnessrl.config import TrainConfig
-from harnessrl.jobs.train import _Learners, _Validation
+from harnessrl.heads.base import Learners
+from harnessrl.heads.frozen import FrozenValidation
 
 
 def _data(n: int = 64, d: int = 8, seed: int = 0) -> dict[str, np.ndarray]:
@@ -21,14 +22,16 @@ def _data(n: int = 64, d: int = 8, seed: int = 0) -> dict[str, np.ndarray]:
             "reward": rng.normal(size=n).astype(np.float32), "done": (rng.random(n) < 0.2).astype(np.float32)}
 
 
-def _learners() -> _Learners:
+def _learners() -> Learners:
+    from harnessrl.algorithms.iql import IQLLearner
+
     torch.manual_seed(0)
-    return _Learners({"iql": IQLConfig(state_dim=8, action_dim=8, hidden_dim=16).to_dict(), "tool_head": None}, 1)
+    return Learners(IQLLearner(IQLConfig(state_dim=8, action_dim=8, hidden_dim=16)))
 
 
 def test_validation_score_is_the_held_out_td_error():
     data, learners = _data(), _learners()
-    val = _Validation(data, reward_scale=0.5, gamma=0.9, use_f=False)
+    val = FrozenValidation(data, reward_scale=0.5, gamma=0.9, use_f=False)
     val.CHUNK = 10  # several chunks
     net = learners.critic.core
     with torch.no_grad():
@@ -40,7 +43,7 @@ def test_validation_score_is_the_held_out_td_error():
 
 def test_best_weights_are_kept_and_survive_a_checkpoint(tmp_path):
     learners = _learners()
-    val = _Validation(_data(), 1.0, 0.9, use_f=False)
+    val = FrozenValidation(_data(), 1.0, 0.9, use_f=False)
     core = learners.critic.core
     val.observe(10, 1.0, learners)
     best = {k: v.clone() for k, v in core.state_dict().items()}
@@ -50,7 +53,7 @@ def test_best_weights_are_kept_and_survive_a_checkpoint(tmp_path):
     val.observe(20, 2.0, learners)  # worse: the step-10 weights stay the best
     assert (val.best_step, val.since_best) == (10, 1)
     state = val.save(str(tmp_path))
-    again = _Validation(_data(), 1.0, 0.9, use_f=False)
+    again = FrozenValidation(_data(), 1.0, 0.9, use_f=False)
     again.restore(str(tmp_path), state, _learners())
     assert (again.best_step, again.best_value, again.since_best) == (10, 1.0, 1)
     for k, v in best.items():
@@ -67,7 +70,9 @@ def test_training_exports_the_best_checkpoint(encoded, work):
     import pyarrow.dataset as pads
     import ray
 
-    from harnessrl.jobs.train import load_arrays, split_validation, train
+    from harnessrl.encoded_data import load_arrays
+    from harnessrl.jobs.train import split_validation, train
+    from harnessrl.model_card import ModelCard
     from harnessrl.model_files import load_critic_files
 
     ds = ray.data.read_parquet(str(work["dir"] / "encoded" / "data")).materialize()
@@ -80,9 +85,9 @@ def test_training_exports_the_best_checkpoint(encoded, work):
     steps, every, patience = 400, 20, 3
     cfg = TrainConfig(steps=steps, batch_size=64, num_workers=1, cpus_per_worker=1, checkpoint_every=200,
                       log_every=every, validation_fraction=0.3, select="best", patience=patience, lr=3e-3)
-    meta = {"encoder": encoded.encoder, "render": {"window": 3, "max_chars": 1500}}
+    card = ModelCard(head_config={}, encoder=encoded.encoder, render={"window": 3, "max_chars": 1500})
     result = train(str(work["dir"] / "encoded"), str(work["dir"] / "val-train"), cfg, "val-test",
-                   str(work["dir"] / "val-model"), meta)
+                   str(work["dir"] / "val-model"), card)
     m = result.metrics
     best_step, last = int(m["val_best_step"]), int(m["step"])
     assert m["selected_step"] == best_step and best_step % every == 0 and 0 < best_step <= last
@@ -90,15 +95,15 @@ def test_training_exports_the_best_checkpoint(encoded, work):
     assert last == steps or last - best_step == patience * every
 
     # the exported critic scores the held-out rows exactly as the best validation did
-    net, saved = load_critic_files(result.model_dir)
+    scorer, saved = load_critic_files(result.model_dir)
     rows = pads.dataset(str(work["dir"] / "encoded" / "data"), format="parquet").to_table()
     held = rows.filter(pc.is_in(rows["group_id"], value_set=pa.array(sorted(val_groups), pa.string())))
     arrays = load_arrays([held], candidates=False)
-    val = _Validation(arrays, saved["reward_scale"], saved["iql"]["gamma"], use_f=saved["iql"]["feature_dim"] > 0)
+    val = FrozenValidation(arrays, saved.reward_scale, saved.gamma, use_f=saved.uses_features)
 
-    class Exported:  # the exported network where _Validation looks for it
-        critic = type("C", (), {"core": net})()
+    class Exported:  # the exported network where the validation looks for it
+        critic = type("C", (), {"core": scorer.net})()
 
     assert val.score(Exported) == pytest.approx(m["val_best_td_error"], rel=1e-4)
-    assert saved["train_metrics"]["val_best_step"] == best_step
+    assert saved.train_metrics["val_best_step"] == best_step
 

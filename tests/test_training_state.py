@@ -12,6 +12,8 @@ import torch
 from harnessrl import model_files
 from harnessrl.algorithms.iql import IQLConfig, IQLLearner, IQLNetwork
 from harnessrl.errors import ModelError
+from harnessrl.heads.frozen import FrozenScorer
+from harnessrl.model_card import ModelCard
 from harnessrl.model_files import load_critic_files, save_critic
 from harnessrl.training_state import load_network_weights, load_training_state, save_training_state
 
@@ -103,17 +105,20 @@ def test_load_network_weights_only(saved):
 
 
 # ---- critic folders ---------------------------------------------------------------------------
-META = {"iql": CFG.to_dict(), "encoder": {"model_name": "m", "dim": 4}, "fallback_threshold": -0.5}
+CARD = ModelCard(head="frozen", head_config=CFG.to_dict(), fallback_threshold=-0.5,
+                 encoder={"model_name": "m", "weights_hash": "sha256:0", "dim": 4, "normalize": True,
+                          "max_seq_length": 128})
 
 
 def test_critic_round_trip(tmp_path):
     net = _trained(seed=2).core
-    out = save_critic(tmp_path / "critic", net, META)
+    out = save_critic(tmp_path / "critic", FrozenScorer(net), CARD)
     assert json.loads((out / model_files.CONFIG).read_text())["format_version"] == model_files.FORMAT_VERSION
-    loaded, meta = load_critic_files(out)
+    scorer, card = load_critic_files(out)
+    loaded = scorer.net
     assert not loaded.training
     _assert_same_tensors(net.state_dict(), loaded.state_dict())
-    assert meta == {"format_version": model_files.FORMAT_VERSION, **META, "tool_head": None}
+    assert card == CARD
     s, a = torch.randn(3, 4), torch.randn(3, 4)
     net.eval()
     with torch.no_grad():
@@ -144,18 +149,18 @@ def test_patched_pickle_really_raises(monkeypatch):
 
 def test_load_paths_do_not_unpickle(tmp_path, saved, monkeypatch):
     path, original = saved
-    save_critic(tmp_path / "critic", original.core, META)
+    save_critic(tmp_path / "critic", FrozenScorer(original.core), CARD)
     restored = _trained(seed=1, steps=1)
     _forbid_pickle(monkeypatch)
-    net, _ = load_critic_files(tmp_path / "critic")
-    _assert_same_tensors(original.core.state_dict(), net.state_dict())
+    scorer, _ = load_critic_files(tmp_path / "critic")
+    _assert_same_tensors(original.core.state_dict(), scorer.net.state_dict())
     load_training_state(path, restored.core, restored.target_q, restored.opt)
     _assert_same_opt(original.opt, restored.opt)
 
 
 @pytest.mark.parametrize("missing", [model_files.CONFIG, model_files.WEIGHTS])
 def test_missing_critic_file_is_model_error(tmp_path, missing):
-    out = save_critic(tmp_path / "critic", IQLNetwork(CFG), META)
+    out = save_critic(tmp_path / "critic", FrozenScorer(IQLNetwork(CFG)), CARD)
     (out / missing).unlink()
     with pytest.raises(ModelError, match="not a critic folder"):
         load_critic_files(out)
@@ -166,9 +171,9 @@ def test_missing_critic_folder_is_model_error(tmp_path):
         load_critic_files(tmp_path / "nothing-here")
 
 
-@pytest.mark.parametrize("version", [0, 2, "1", None])
+@pytest.mark.parametrize("version", [0, 3, "1", None])
 def test_wrong_format_version_is_model_error(tmp_path, version):
-    out = save_critic(tmp_path / "critic", IQLNetwork(CFG), META)
+    out = save_critic(tmp_path / "critic", FrozenScorer(IQLNetwork(CFG)), CARD)
     meta = json.loads((out / model_files.CONFIG).read_text())
     meta["format_version"] = version
     (out / model_files.CONFIG).write_text(json.dumps(meta))
@@ -177,7 +182,7 @@ def test_wrong_format_version_is_model_error(tmp_path, version):
 
 
 def test_corrupt_critic_json_is_model_error(tmp_path):
-    out = save_critic(tmp_path / "critic", IQLNetwork(CFG), META)
+    out = save_critic(tmp_path / "critic", FrozenScorer(IQLNetwork(CFG)), CARD)
     (out / model_files.CONFIG).write_text("{not json")
     with pytest.raises(ModelError):
         load_critic_files(out)

@@ -21,12 +21,13 @@ import numpy as np
 
 from harnessrl import registry
 from harnessrl.embedding_lru import EmbeddingLRU
-from harnessrl.encoders import EncoderIdentity, load_encoder
+from harnessrl.encoders import load_encoder
 from harnessrl.errors import ModelError
-from harnessrl.features import features_for, repeats_here
+from harnessrl.features import repeats_here
+from harnessrl.model_card import ModelCard
 from harnessrl.model_files import load_critic_files, load_ood_reference, load_tool_head
 from harnessrl.ood import is_ood
-from harnessrl.render import Layout, RequestState, parse_request_state
+from harnessrl.render import Renderer, RequestState
 
 State = str | dict[str, Any]
 
@@ -58,22 +59,22 @@ class Decision:
 
 
 class Critic:
-    def __init__(self, net, meta: dict[str, Any], name: str | None = None, version: str | None = None, encoder=None,
+    """A trained critic: its model card, its head's scorer, the renderer and the encoder it was
+    trained with, the LRU of embeddings, the tool head and the OOD reference when it has them."""
+
+    def __init__(self, scorer, card: ModelCard, name: str | None = None, version: str | None = None, encoder=None,
                  tool_head=None, cache_size: int = 50_000, ood_reference=None):
         import torch
 
-        self.net, self.meta, self.tool_head, self.ood_reference = net, meta, tool_head, ood_reference
-        # A cross head (harnessrl.algorithms.cross) reads (state, action) texts itself: its `net` is a
-        # CrossScorer, and states are embedded only for the OOD check
-        self.cross = net if meta.get("head") == "cross" else None
-        self.tool_vocab: list[str] = list(meta.get("tool_vocab") or [])
-        self.uses_features = bool(meta["iql"].get("feature_dim", 0))
-        self.name = name or meta.get("model_name") or "local"
+        self.scorer, self.card, self.tool_head, self.ood_reference = scorer, card, tool_head, ood_reference
+        self.renderer = Renderer(card.render)
+        self.tool_vocab: list[str] = list(card.tool_vocab)
+        self.uses_features = card.uses_features
+        self.name = name or card.model_name or "local"
         self.version = version
-        self.identity = EncoderIdentity.from_json(meta["encoder"])
-        self.threshold = meta.get("fallback_threshold")
-        self.reward_scale = float(meta.get("reward_scale", 1.0))
-        self.render = meta.get("render", {"window": 4, "max_chars": 2000})
+        self.identity = card.identity
+        self.threshold = card.fallback_threshold
+        self.reward_scale = float(card.reward_scale)
         self._torch = torch
         self._encoder = encoder
         self.lru = EmbeddingLRU(cache_size)  # by text
@@ -82,21 +83,21 @@ class Critic:
     @classmethod
     def load(cls, uri: str | Path, device: str | None = None, with_encoder: bool = True) -> "Critic":
         """From a registry model (`NAME@ALIAS`, `NAME/VERSION`, `models:/...`) or a local critic
-        folder (`registry.resolve`); `device` (e.g. "cuda") is where the encoder and a cross
-        head's trunk run (default: a GPU when one is visible).
+        folder (`registry.resolve`); `device` (e.g. "cuda") is where the encoder and a head's
+        trunk run (default: a GPU when one is visible).
 
         `with_encoder=False` loads no sentence encoder: every embedding must then be given to
         `encode` (the service's encoder deployment computes them)."""
         found = registry.resolve(uri)
         uri, path, name, version = found.uri, found.path, found.name, found.version
-        net, meta = load_critic_files(path, device)
+        scorer, card = load_critic_files(path, device)
         encoder = None
         if with_encoder:
-            encoder, identity = load_encoder(meta["encoder"]["model_name"], device, meta["encoder"]["max_seq_length"],
-                                             meta["encoder"].get("precision", "float32"))
-            EncoderIdentity.from_json(meta["encoder"]).check_same(identity, f"critic {uri}")
-        return cls(net, meta, name=name, version=version, encoder=encoder, tool_head=load_tool_head(path, meta),
-                   ood_reference=load_ood_reference(path, meta))
+            ident = card.identity
+            encoder, identity = load_encoder(ident.model_name, device, ident.max_seq_length, ident.precision)
+            card.check_encoder(identity, f"critic {uri}")
+        return cls(scorer, card, name=name, version=version, encoder=encoder, tool_head=load_tool_head(path, card),
+                   ood_reference=load_ood_reference(path, card))
 
     def encode(self, texts: Sequence[str], given: dict[str, np.ndarray] | None = None) -> np.ndarray:
         """Embeddings of `texts`; repeated texts (agents resend the same task, states and candidates)
@@ -128,21 +129,19 @@ class Critic:
         return self.lru.uncached(texts)
 
     def parse_state(self, state: State) -> RequestState:
-        return parse_request_state(state, self.render["window"], self.render["max_chars"],
-                                   self.render.get("max_tokens"), self.render.get("tokenizer"),
-                                   Layout.from_config(self.render))
+        return self.renderer.parse(state)
 
     def render_state(self, state: State) -> str:
         return self.parse_state(state).text
 
     def prepare(self, requests: Sequence[tuple[State, Sequence[str]]]) -> Prepared:
-        """Render every state once and list the distinct texts a scoring of `requests` embeds."""
+        """Render every state once and list the distinct texts a scoring of `requests` embeds (the
+        head's, then the states' for the OOD check)."""
         requests = list(requests)
         parsed = [self.parse_state(s) for s, _ in requests]
-        if self.cross is not None:
-            texts = list(dict.fromkeys(p.text for p in parsed)) if self.ood_reference is not None else []
-        else:
-            texts = list(dict.fromkeys([*(p.text for p in parsed), *(c for _, cands in requests for c in cands)]))
+        texts = self.scorer.embed_texts(parsed, [cands for _, cands in requests])
+        if self.ood_reference is not None:
+            texts = list(dict.fromkeys([*texts, *(p.text for p in parsed)]))
         return Prepared(requests, parsed, texts)
 
     def score_prepared(self, prep: Prepared, features: Sequence[Sequence[Sequence[float]]] | None = None,
@@ -154,28 +153,21 @@ class Critic:
         flags: list[bool | None] = [None] * len(requests)
         if not any(cands for _, cands in requests):
             return [[] for _ in requests], flags
-        index = {t: i for i, t in enumerate(prep.texts)}
-        emb_np = self.encode(prep.texts, given) if (self.cross is None or ood) else None
-        if ood and self.ood_reference is not None:
+        ood = ood and self.ood_reference is not None
+        texts = prep.texts if ood else self.scorer.embed_texts(parsed, [cands for _, cands in requests])
+        emb = dict(zip(texts, self.encode(texts, given))) if texts else {}
+        if ood:
             reference, threshold = self.ood_reference
-            flags = [bool(x) for x in is_ood(emb_np[[index[p.text] for p in parsed]], reference, threshold)]
+            flags = [bool(x) for x in is_ood(np.stack([emb[p.text] for p in parsed]), reference, threshold)]
         f = None
         if self.uses_features:
-            tool_from = self.render.get("tool_from", "calls")
             if features is None:
-                features = [features_for(p.history, p.observation, cands, tool_from)
+                features = [self.renderer.features(p.history, p.observation, cands)
                             for p, (_, cands) in zip(parsed, requests)]
-            f = self._torch.tensor([row for per_request in features for row in per_request], dtype=self._torch.float32)
-        if self.cross is not None:
-            q_raw = self.cross.min_q([p.text for p, (_, cands) in zip(parsed, requests) for _ in cands],
-                                     [c for _, cands in requests for c in cands], f)
-        else:
-            emb = self._torch.from_numpy(emb_np).float()
-            s_idx = [index[p.text] for p, (_, cands) in zip(parsed, requests) for _ in cands]
-            a_idx = [index[c] for _, cands in requests for c in cands]
-            with self._torch.no_grad():
-                q_raw = self.net.q.min_q(emb[s_idx], emb[a_idx], f)
-        q = (q_raw.numpy() / self.reward_scale).tolist()
+            f = np.asarray([row for per_request in features for row in per_request], np.float32)
+        q_raw = self.scorer.q(parsed, [cands for _, cands in requests], f,
+                              lambda texts: np.stack([emb[t] for t in texts]) if texts else np.zeros((0, 0)))
+        q = (np.asarray(q_raw, np.float64) / self.reward_scale).tolist()
         out, pos = [], 0
         for _, cands in requests:
             out.append(q[pos: pos + len(cands)])
@@ -185,19 +177,9 @@ class Critic:
     def values(self, states: list[str], actions: list[str], next_states: list[str], features=None
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Q(s, a), V(s), V(s') in reward units, for rendered state texts (offline evaluation);
-        `features` (n, d_f) are the actions' history features when the model uses them."""
-        torch = self._torch
-        f = torch.as_tensor(np.asarray(features), dtype=torch.float32) if self.uses_features else None
-        if self.cross is not None:
-            q, v, v2 = self.cross.min_q(states, actions, f), self.cross.value(states), self.cross.value(next_states)
-        else:
-            texts = list(dict.fromkeys([*states, *actions, *next_states]))
-            index = {t: i for i, t in enumerate(texts)}
-            emb = torch.from_numpy(self.encode(texts)).float()
-            s, s2 = emb[[index[t] for t in states]], emb[[index[t] for t in next_states]]
-            with torch.no_grad():
-                q, v, v2 = self.net.q.min_q(s, emb[[index[t] for t in actions]], f), self.net.v(s), self.net.v(s2)
-        return tuple(x.numpy().astype(np.float64) / self.reward_scale for x in (q, v, v2))
+        `features` (n, d) are the actions' history features when the model uses them."""
+        q, v, v2 = self.scorer.values(states, actions, next_states, features, self.encode)
+        return tuple(np.asarray(x, np.float64) / self.reward_scale for x in (q, v, v2))
 
     def score_batch(self, requests: Sequence[tuple[State, Sequence[str]]],
                     features: Sequence[Sequence[Sequence[float]]] | None = None) -> list[list[float]]:

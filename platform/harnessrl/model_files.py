@@ -1,50 +1,70 @@
-"""A critic on disk: `weights.safetensors` + `critic.json`. Nothing on this path unpickles.
+"""A critic on disk: its model card (`critic.json`, harnessrl.model_card) beside safetensors weights.
+Nothing on this path unpickles.
 
-`critic.json` holds everything needed to score: the head (`frozen`, or `cross` with the fine-tuned
-trunk's config.json and tokeniser files under `trunk/`), the network config, the encoder identity
-the embeddings came from, the renderer settings, the reward scale and the fallback threshold.
-A critic trained on data that calls several tools also has the discrete tool head
-(`tool_head.safetensors`, its config under `tool_head` and the vocabulary under `tool_vocab`).
+- `weights.safetensors`: the head's network (`cross` adds `trunk/`: the trunk's config.json and
+  tokeniser files; the head module says what else it needs);
+- `tool_head.safetensors`: the tool head, when the card names one (`tool_head`, `tool_vocab`);
+- `ood_reference.safetensors`: a sample of training states for the OOD check (float16).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from harnessrl.errors import ModelError
+from harnessrl.model_card import CARD_FILE, CARD_VERSION, ModelCard
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = CARD_VERSION
 WEIGHTS = "weights.safetensors"
 TOOL_WEIGHTS = "tool_head.safetensors"
 OOD_REFERENCE = "ood_reference.safetensors"
-CONFIG = "critic.json"
+CONFIG = CARD_FILE
 
 
-def _save_weights(net, path: Path) -> None:
+def save_weights(net, path: str | Path) -> None:
     from safetensors.torch import save_file
 
     save_file({k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}, str(path))
 
 
-def save_critic(directory: str | Path, net, meta: dict[str, Any], tool_head: tuple[Any, dict] | None = None) -> Path:
-    """Write the bare network's weights and `meta` (which must hold `iql` and `encoder`);
-    `tool_head` is (network, its DiscreteConfig dict) when there is one."""
+def load_weights(net, path: str | Path) -> None:
+    """Weights from safetensors into `net` (eval mode)."""
+    from safetensors.torch import load_file
+
+    try:
+        net.load_state_dict(load_file(str(path)))
+    except (OSError, RuntimeError) as exc:
+        raise ModelError(f"{path}: cannot load the critic's weights ({exc})") from None
+    net.eval()
+
+
+def save_critic(directory: str | Path, scorer, card: ModelCard, tool_head: tuple[Any, dict] | None = None) -> Path:
+    """The head's files (weights and what it needs), the tool head when there is one (network, its
+    DiscreteConfig dict) and the card, written last."""
+    from harnessrl import heads
+
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    if meta.get("head") == "cross":  # a CrossScorer: the network, and the trunk's config and tokeniser beside it
-        from harnessrl.algorithms.cross import save_trunk_files
-
-        save_trunk_files(directory, net.net.trunk, net.tokenizer)
-        net = net.net
-    _save_weights(net, directory / WEIGHTS)
-    meta = {**meta, "tool_head": None}
+    heads.head(card.head).save(str(directory), scorer)
+    card = card.model_copy(update={"tool_head": None})
     if tool_head is not None:
-        _save_weights(tool_head[0], directory / TOOL_WEIGHTS)
-        meta["tool_head"] = tool_head[1]
-    (directory / CONFIG).write_text(json.dumps({"format_version": FORMAT_VERSION, **meta}, indent=2, sort_keys=True))
+        save_weights(tool_head[0], directory / TOOL_WEIGHTS)
+        card = card.model_copy(update={"tool_head": tool_head[1]})
+    card.save(directory)
     return directory
+
+
+def load_critic_files(directory: str | Path, device: str | None = None):
+    """(scorer in eval mode, card) from a critic folder; a head's networks go to `device` where the
+    head runs a trunk (default: a GPU when one is visible; the frozen head's MLP stays on the CPU)."""
+    from harnessrl import heads
+
+    directory = Path(directory)
+    if not (directory / CONFIG).is_file() or not (directory / WEIGHTS).is_file():
+        raise ModelError(f"{directory} is not a critic folder (needs {CONFIG} and {WEIGHTS})")
+    card = ModelCard.read(directory)
+    return heads.head(card.head, for_model=True).load(str(directory), card, device), card
 
 
 def save_ood_reference(directory: str | Path, reference) -> None:
@@ -55,54 +75,25 @@ def save_ood_reference(directory: str | Path, reference) -> None:
               str(Path(directory) / OOD_REFERENCE))
 
 
-def load_ood_reference(directory: str | Path, meta: dict[str, Any]):
+def load_ood_reference(directory: str | Path, card: ModelCard):
     """(reference states, threshold), or None for a critic saved without one."""
     from safetensors.torch import load_file
 
     path = Path(directory) / OOD_REFERENCE
-    if not meta.get("ood") or not path.is_file():
+    if card.ood is None or not path.is_file():
         return None
-    return load_file(str(path))["states"].float().numpy(), float(meta["ood"]["threshold"])
+    return load_file(str(path))["states"].float().numpy(), float(card.ood.threshold)
 
 
-def load_tool_head(directory: str | Path, meta: dict[str, Any]):
+def load_tool_head(directory: str | Path, card: ModelCard):
     """The discrete tool head in eval mode, or None when the critic has none."""
-    from safetensors.torch import load_file
-
     from harnessrl.algorithms.discrete import DiscreteConfig, DiscreteNetwork
 
-    if not meta.get("tool_head"):
+    if not card.tool_head:
         return None
     path = Path(directory) / TOOL_WEIGHTS
     if not path.is_file():
-        raise ModelError(f"{directory}: critic.json names a tool head but {TOOL_WEIGHTS} is missing")
-    net = DiscreteNetwork(DiscreteConfig(**meta["tool_head"]))
-    net.load_state_dict(load_file(str(path)))
-    return net.eval()
-
-
-def load_critic_files(directory: str | Path, device: str | None = None):
-    """(network in eval mode, meta) from a critic folder; for a cross head the network is a CrossScorer
-    whose trunk goes to `device` (default: a GPU when one is visible; the frozen head's MLP stays on the CPU)."""
-    from safetensors.torch import load_file
-
-    from harnessrl.algorithms.iql import IQLConfig, IQLNetwork
-
-    directory = Path(directory)
-    if not (directory / CONFIG).is_file() or not (directory / WEIGHTS).is_file():
-        raise ModelError(f"{directory} is not a critic folder (needs {CONFIG} and {WEIGHTS})")
-    try:
-        meta = json.loads((directory / CONFIG).read_text())
-    except (ValueError, OSError) as exc:
-        raise ModelError(f"{directory / CONFIG} is not readable JSON: {exc}") from None
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise ModelError(f"{directory}: critic format {meta.get('format_version')} is not {FORMAT_VERSION}")
-    if meta.get("head") == "cross":
-        from harnessrl.algorithms.cross import CrossConfig, load_cross_network
-
-        return load_cross_network(directory, CrossConfig(**meta["iql"]), load_file(str(directory / WEIGHTS)),
-                                  device), meta
-    net = IQLNetwork(IQLConfig(**meta["iql"]))
-    net.load_state_dict(load_file(str(directory / WEIGHTS)))
-    net.eval()
-    return net, meta
+        raise ModelError(f"{directory}: {CONFIG} names a tool head but {TOOL_WEIGHTS} is missing")
+    net = DiscreteNetwork(DiscreteConfig(**card.tool_head))
+    load_weights(net, path)
+    return net

@@ -1,9 +1,11 @@
-"""State rendering: one function, used by the transitions stage and by serving alike.
+"""State rendering: the `Renderer`, built from a `RenderConfig`, is the one object that turns a
+state into what the encoder sees, for the transitions stage, the service, evaluation and the
+benchmarks alike.
 
 A state is what the agent knew when it decided: the task, the last few (action, result)
 pairs, and the current observation, written as text within a character budget and, optionally,
-a token budget measured with the encoder's tokenizer (harnessrl.tokens). A `Layout` adds what a
-sliding window loses: pinned results of chosen actions (a map, a recipe, a file listing read ten
+a token budget measured with the encoder's tokenizer (harnessrl.tokens). The configuration adds what
+a sliding window loses: pinned results of chosen actions (a map, a recipe, a file listing read ten
 steps ago) and a compact list of every action taken so far.
 """
 
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any, Mapping, Sequence
 
+from harnessrl.config import RenderConfig
 from harnessrl.errors import ConfigError
 
 
@@ -20,29 +23,6 @@ from harnessrl.errors import ConfigError
 class Turn:
     action: str
     result: str
-
-
-@dataclass(frozen=True)
-class Layout:
-    """What a rendered state holds besides the task, the observation and the recent window.
-
-    pin: glob patterns over action texts (case-insensitive, e.g. `read map`, `cat *`); the latest
-      result of each matching action stays in the state while the window slides past it.
-    list_actions: a `Done:` line listing every action taken so far, in order of first use, with
-      a count when repeated (what was tried, and how often: the sign of a loop).
-    observation_first: the current observation before the task (an encoder that cuts at its
-      token limit then keeps what changed).
-    """
-
-    pin: tuple[str, ...] = ()
-    list_actions: bool = False
-    observation_first: bool = False
-
-    @classmethod
-    def from_config(cls, render: Mapping[str, Any]) -> "Layout":
-        """From a RenderConfig dump (a model's `render` meta; older models have no such keys)."""
-        return cls(tuple(render.get("pin") or ()), bool(render.get("list_actions")),
-                   bool(render.get("observation_first")))
 
 
 def _pinned(history: Sequence[Turn], observation: str, patterns: Sequence[str], task: str = "") -> list[str]:
@@ -73,22 +53,22 @@ def _done(history: Sequence[Turn]) -> list[str]:
     return ["Done: " + "; ".join(a if n == 1 else f"{a} (x{n})" for a, n in counts.items())]
 
 
-def render_state(task: str, history: Sequence[Turn], observation: str, window: int = 4, max_chars: int = 2000,
-                 max_tokens: int | None = None, tokenizer: str | None = None, layout: Layout = Layout()) -> str:
+def render_state(task: str, history: Sequence[Turn], observation: str, cfg: RenderConfig = RenderConfig()) -> str:
     """Render the decision context, most important first: task, current observation (swapped by
-    `layout.observation_first`), the pinned results and the list of actions done (`layout`), then
-    the recent (action, result) pairs newest first. Encoders cut texts at a token limit, so what
-    is lost is the oldest history. The newest result is not repeated when it is the observation.
+    `observation_first`), the pinned results (`pin`) and the list of actions done (`list_actions`),
+    then the last `window` (action, result) pairs newest first. Encoders cut texts at a token limit,
+    so what is lost is the oldest history. The newest result is not repeated when it is the observation.
 
     `max_tokens` (with `tokenizer`, the encoder's): keep only as many of the recent pairs as fit
     in that many tokens of the encoder, special tokens included, so that the encoder cuts
     nothing; everything before the recent pairs is always kept. Then `max_chars` applies as before.
     """
+    window, max_chars, max_tokens, tokenizer = cfg.window, cfg.max_chars, cfg.max_tokens, cfg.tokenizer
     recent = list(history)[-window:] if window else []
     head = [f"Task: {task.strip()}"] if task.strip() else []
     if observation.strip():
-        head.insert(0 if layout.observation_first else len(head), f"Now: {observation.strip()}")
-    head += _pinned(history, observation, layout.pin, task) + (_done(history) if layout.list_actions else [])
+        head.insert(0 if cfg.observation_first else len(head), f"Now: {observation.strip()}")
+    head += _pinned(history, observation, cfg.pin, task) + (_done(history) if cfg.list_actions else [])
     turns = []
     for i in range(len(recent) - 1, -1, -1):
         turn = recent[i]
@@ -142,25 +122,38 @@ class RequestState:
     observation: str = ""
 
 
-def parse_request_state(state: str | dict[str, Any], window: int, max_chars: int, max_tokens: int | None = None,
-                        tokenizer: str | None = None, layout: Layout = Layout()) -> RequestState:
-    """Already rendered text, or `{task, history[{action, observation}], observation}` rendered
-    exactly as the transitions stage renders a logged step (the observation of a history item
-    is the result of its action)."""
-    if isinstance(state, str):
-        return RequestState(state)
-    if not isinstance(state, dict):
-        raise ConfigError("state must be a string or an object with task/history/observation")
-    history = tuple(
-        Turn(str(h.get("action", "")), str(h.get("observation", h.get("result", ""))))
-        for h in state.get("history") or []
-    )
-    observation = str(state.get("observation", ""))
-    text = render_state(str(state.get("task", "")), history, observation, window, max_chars, max_tokens, tokenizer,
-                        layout)
-    return RequestState(text, history, observation)
+class Renderer:
+    """A state as the encoder sees it, its history features and the tool its actions call, from one
+    `RenderConfig` (a pipeline's `render:` section, or the one a model card keeps)."""
 
+    def __init__(self, cfg: RenderConfig | Mapping[str, Any] | None = None):
+        self.cfg = cfg if isinstance(cfg, RenderConfig) else RenderConfig.model_validate(dict(cfg or {}))
 
-def state_from_request(state: str | dict[str, Any], window: int, max_chars: int, max_tokens: int | None = None,
-                       tokenizer: str | None = None, layout: Layout = Layout()) -> str:
-    return parse_request_state(state, window, max_chars, max_tokens, tokenizer, layout).text
+    def text(self, task: str, history: Sequence[Turn], observation: str) -> str:
+        return render_state(task, history, observation, self.cfg)
+
+    def parse(self, state: str | dict[str, Any]) -> RequestState:
+        """Already rendered text, or `{task, history[{action, observation}], observation}` rendered
+        exactly as the transitions stage renders a logged step (the observation of a history item
+        is the result of its action)."""
+        if isinstance(state, str):
+            return RequestState(state)
+        if not isinstance(state, dict):
+            raise ConfigError("state must be a string or an object with task/history/observation")
+        history = tuple(
+            Turn(str(h.get("action", "")), str(h.get("observation", h.get("result", ""))))
+            for h in state.get("history") or []
+        )
+        observation = str(state.get("observation", ""))
+        return RequestState(self.text(str(state.get("task", "")), history, observation), history, observation)
+
+    def tool(self, action: str) -> str:
+        from harnessrl.features import tool_name
+
+        return tool_name(action, self.cfg.tool_from)
+
+    def features(self, history: Sequence[Turn], observation: str, candidates: Sequence[str]) -> list[list[float]]:
+        """The history features (harnessrl.features) of each candidate, as training computed them."""
+        from harnessrl.features import features_for
+
+        return features_for(history, observation, candidates, self.cfg.tool_from)

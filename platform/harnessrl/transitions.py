@@ -8,9 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from harnessrl.encoders import text_hash
-from harnessrl.features import action_features, defined_tools, features_for
-from harnessrl.tool_naming import tool_name
-from harnessrl.render import Layout, Turn, render_state
+from harnessrl.features import defined_tools
+from harnessrl.render import Renderer, Turn
 from harnessrl.rewards import RewardRecipe
 
 
@@ -25,15 +24,12 @@ def episode_transitions(
     episode: dict[str, Any],
     steps: list[dict[str, Any]],
     recipe: RewardRecipe,
-    window: int = 4,
-    max_chars: int = 2000,
-    tool_from: str = "calls",
-    max_tokens: int | None = None,
-    tokenizer: str | None = None,
-    layout: Layout = Layout(),
+    renderer: Renderer | None = None,
 ) -> list[dict[str, Any]]:
-    """States are rendered by `render_state` (budgets as there). `features` are the taken action's history features, `candidate_features` those of each
+    """States are rendered by `renderer` (default settings when None), as the service renders a
+    request. `features` are the taken action's history features, `candidate_features` those of each
     untaken candidate in `untaken_candidates` order (the encode stage keeps a prefix of it)."""
+    renderer = renderer or Renderer()
     steps = sorted(steps, key=lambda s: s["step_idx"])
     n = len(steps)
     task = episode.get("task_text") or ""
@@ -56,22 +52,21 @@ def episode_transitions(
                 "step_idx": int(s["step_idx"]),
                 "task_id": episode.get("task_id"),
                 "group_id": episode.get("group_id"),
-                "state_text": render_state(task, turns[:t], obs, window, max_chars, max_tokens, tokenizer, layout),
+                "state_text": renderer.text(task, turns[:t], obs),
                 "action_text": s["action_text"],
-                "tool": tool_name(s["action_text"], tool_from),
+                "tool": renderer.tool(s["action_text"]),
                 "defined_tools": defined,
-                "features": action_features(turns[:t], obs, s["action_text"], tool_from),
+                "features": renderer.features(turns[:t], obs, [s["action_text"]])[0],
                 "reward": rewards[t],
                 "reward_components": components[t],
-                "next_state_text": render_state(task, turns[: t + 1], next_obs, window, max_chars, max_tokens,
-                                                tokenizer, layout),
+                "next_state_text": renderer.text(task, turns[: t + 1], next_obs),
                 "done": bool(s.get("terminated")) or t == stop,
                 "truncated": bool(s.get("truncated")) and t != stop,
                 "return_to_go": rtg[t],
                 "outcome_success": episode.get("outcome_success"),
                 "candidates": s.get("candidates"),
-                "candidate_features": features_for(
-                    turns[:t], obs, untaken_candidates(s["action_text"], s.get("candidates")), tool_from),
+                "candidate_features": renderer.features(
+                    turns[:t], obs, untaken_candidates(s["action_text"], s.get("candidates"))),
                 "info": s.get("info") or "{}",
             }
         )

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from harnessrl.config import TrainConfig
+from harnessrl.model_card import ModelCard
 
 pytestmark = pytest.mark.integration
 STEPS, EVERY = 1000, 100  # the kill comes after two checkpoints (step 200): 800 steps left to resume
@@ -29,7 +30,7 @@ def test_killed_worker_resumes_from_last_checkpoint(encoded, work):
 
     cfg = TrainConfig(steps=STEPS, batch_size=64, num_workers=2, cpus_per_worker=0.5, checkpoint_every=EVERY,
                       log_every=EVERY, max_failures=2)
-    meta = {"encoder": encoded.encoder, "render": {"window": 3, "max_chars": 1500}}
+    meta = ModelCard(head_config={}, encoder=encoded.encoder, render={"window": 3, "max_chars": 1500})
     run_dir = work["dir"] / "fault-train" / "fault-test"
     box: dict = {}
 

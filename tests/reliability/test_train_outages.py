@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+from harnessrl.model_card import ModelCard
 
 from conftest import free_port, start_mlflow_server
 
@@ -117,7 +118,7 @@ def test_s3_outage_during_checkpointing(encoded, work, s3, tmp_path):
     steps, every = 300, 20
     prefix = "runs/outage"
     proxy = FlakyProxy(int(s3["endpoint"].rsplit(":", 1)[1]))
-    meta = {"encoder": json.loads(read_identity(encoded.out_dir).to_json())}
+    meta = ModelCard(head_config={}, encoder=json.loads(read_identity(encoded.out_dir).to_json()))
     cfg = TrainConfig(steps=steps, batch_size=64, checkpoint_every=every, log_every=every, num_workers=1,
                       cpus_per_worker=0.5, max_failures=3)
     outage: dict = {}
@@ -225,7 +226,7 @@ def test_mlflow_server_restarted_mid_run(encoded, work, tmp_path):
         os.environ["MLFLOW_TRACKING_URI"] = server.url  # train() hands it to the workers in their config
         cfg = TrainConfig(steps=steps, batch_size=64, checkpoint_every=steps, log_every=every, num_workers=1,
                           cpus_per_worker=0.5)
-        meta = {"encoder": json.loads(read_identity(encoded.out_dir).to_json())}
+        meta = ModelCard(head_config={}, encoder=json.loads(read_identity(encoded.out_dir).to_json()))
 
         def fit():
             try:

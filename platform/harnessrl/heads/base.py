@@ -1,0 +1,184 @@
+"""The critic head protocol: what the training loop, `Critic` and the service ask of a head.
+
+A head is the part of a critic that differs between its kinds: what a training worker holds of
+its shard and how it samples a batch, the network and its learner (losses through the shared IQL
+objective, `harnessrl.algorithms.iql.iql_objective`), how the trained network is exported and
+loaded, and how it scores at run time. Everything else (Ray Train, checkpoints, validation's
+best-step tracking, the fallback threshold's quantile, the OOD reference, the model card, the
+service) is the same for every head, so a new head is one module of `harnessrl.heads`.
+
+Pure torch/numpy/pyarrow: no Ray here (the Ray Train loop in jobs/train.py hands each head its
+shard as pyarrow batches).
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Iterable, Sequence
+
+import numpy as np
+
+Embed = Callable[[Sequence[str]], np.ndarray]  # texts -> (n, d) embeddings (the critic's encoder and LRU)
+
+
+@dataclass
+class DriverData:
+    """What the train job's driver knows of the encoded dataset when it configures a head and
+    exports it: the dataset (a Ray dataset, read by the head's own methods), its size, the history
+    features' statistics, the reward scale and the encoder the embeddings came from."""
+
+    ds: Any
+    n_rows: int
+    feature_dim: int
+    feature_stats: list | None
+    reward_scale: float
+    encoder_name: str
+    seed: int = 0
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)  # the frozen embeddings, when read
+
+
+class Learners:
+    """The learners a worker steps and checkpoints: the critic and, for heads that have one, the tool
+    head. Each learner has `core` (the bare network), `target_q` (or None) and `opt`."""
+
+    def __init__(self, critic, tools=None):
+        self.critic, self.tools = critic, tools
+
+    def parts(self):
+        yield "state", self.critic
+        if self.tools is not None:
+            yield "tools", self.tools
+
+    def save(self, directory: str, step: int, extra: dict) -> None:
+        from harnessrl.training_state import save_training_state
+
+        for name, lr in self.parts():
+            save_training_state(directory, lr.core, lr.target_q, lr.opt, step, extra, name=name)
+
+    def load(self, directory: str) -> int:
+        from harnessrl.training_state import load_training_state
+
+        return min(load_training_state(directory, lr.core, lr.target_q, lr.opt, name=name)["step"]
+                   for name, lr in self.parts())
+
+
+class Validation(ABC):
+    """Held-out task groups scored every `log_every` steps: the critic's TD error on transitions of
+    tasks it never trained on, |Q(s, a) - (r + gamma (1 - done) V(s'))| in scaled reward units.
+    Every rank scores the same data with the same (DDP-synchronised) weights, so all ranks agree
+    on the best step and on stopping early without talking to each other. Heads say how to score."""
+
+    def __init__(self):
+        self.reset_best()
+
+    @abstractmethod
+    def score(self, learners: Learners) -> float:
+        """The held-out TD error of the learners' current critic."""
+
+    def reset_best(self) -> None:
+        self.best_value, self.best_step, self.since_best = float("inf"), 0, 0
+        self.best: dict[str, dict] = {}  # learner name -> state dict copy of the best weights
+
+    def observe(self, step: int, value: float, learners: Learners) -> None:
+        if value < self.best_value:
+            self.best_value, self.best_step, self.since_best = value, step, 0
+            self.best = {name: {k: v.detach().clone() for k, v in lr.core.state_dict().items()}
+                         for name, lr in learners.parts()}
+        else:
+            self.since_best += 1
+
+    def save(self, directory: str) -> dict[str, Any]:
+        from harnessrl.training_state import save_network_weights
+
+        for name, weights in self.best.items():
+            save_network_weights(directory, weights, f"best-{name}")
+        return {"best_step": self.best_step, "best_value": self.best_value, "since_best": self.since_best}
+
+    def restore(self, directory: str, state: dict[str, Any] | None, learners: Learners) -> None:
+        from safetensors.torch import load_file
+
+        if not state or not state.get("best_step"):
+            return
+        self.best_value, self.best_step, self.since_best = state["best_value"], state["best_step"], state["since_best"]
+        self.best = {name: {k[4:]: v for k, v in load_file(os.path.join(directory, f"best-{name}.safetensors")).items()}
+                     for name, _ in learners.parts()}
+
+
+@dataclass
+class WorkerSetup:
+    """What a training worker runs: the learners, one gradient step (`step(generator) -> metrics`)
+    and the held-out validation (None without validation data)."""
+
+    learners: Learners
+    step: Callable[[Any], dict[str, float]]
+    validation: Validation | None
+
+
+@dataclass
+class Exported:
+    """A trained head after training: its scorer (the chosen weights), the raw Q values of a sample
+    of steps of successful episodes (the fallback threshold is their low quantile) and the tool
+    head (network, DiscreteConfig dict) when the head trained one."""
+
+    scorer: "Scorer"
+    success_q: np.ndarray
+    tool_head: tuple[Any, dict] | None = None
+
+
+class Scorer(ABC):
+    """A head at run time. States come parsed (`harnessrl.render.RequestState`: the rendered text,
+    and the turns the history features were computed from); values are raw (in the scaled reward
+    units training used; `Critic` divides by the reward scale)."""
+
+    uses_features: bool = False
+
+    @abstractmethod
+    def embed_texts(self, states: Sequence[Any], candidates: Sequence[Sequence[str]]) -> list[str]:
+        """The texts whose sentence embeddings `q` reads (`Critic` encodes them once, through its LRU)."""
+
+    @abstractmethod
+    def q(self, states: Sequence[Any], candidates: Sequence[Sequence[str]], features, embed: Embed) -> np.ndarray:
+        """min twin Q of every (state, candidate) pair, flattened in request order. `features`:
+        (n_pairs, d_f) float32 array of history features, or None when the head uses none."""
+
+    @abstractmethod
+    def values(self, states: list[str], actions: list[str], next_states: list[str], features, embed: Embed
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Q(s, a), V(s), V(s') for rendered texts (offline evaluation)."""
+
+
+class Head(ABC):
+    """One kind of critic head (`train.head`)."""
+
+    kind: ClassVar[str]
+
+    @abstractmethod
+    def loop_config(self, cfg, data: DriverData) -> dict[str, Any]:
+        """The head's entries of the train loop's config (JSON-able): at least `network`, its
+        network configuration, which the model card saves as `head_config`."""
+
+    @abstractmethod
+    def worker(self, config: dict[str, Any], shard: Iterable, val: Iterable | None, world: int, device,
+               wrap: Callable | None = None) -> WorkerSetup:
+        """Inside a Ray Train worker: `shard` / `val` are the worker's pyarrow batches; `wrap` puts a
+        network on the worker's device and wraps it for DDP (the train loop's; default: to `device`)."""
+
+    @abstractmethod
+    def export(self, checkpoint_dir: str, config: dict[str, Any], prefix: str, data: DriverData) -> Exported:
+        """The trained head from a finished run's checkpoint (`prefix` "best-" for the weights of
+        the best validation, "" for the last)."""
+
+    @abstractmethod
+    def save(self, directory: str, scorer: Scorer) -> None:
+        """The scorer's weights (safetensors) and any file it needs besides the card."""
+
+    @abstractmethod
+    def load(self, directory: str, card, device: str | None) -> Scorer:
+        """A saved head (card: its ModelCard), in eval mode."""
+
+
+def successful_mask(outcome_success: np.ndarray) -> np.ndarray:
+    """Rows of successful episodes; all rows when no episode succeeded."""
+    return outcome_success if outcome_success.any() else np.ones(len(outcome_success), bool)

@@ -1,0 +1,213 @@
+"""The frozen head (`train.head: frozen`, the default before issue 13): twin Q and V MLPs over the
+encode stage's frozen sentence embeddings (harnessrl.algorithms.iql), and, when the data calls two
+or more tools, the tool head beside it on the same batches (harnessrl.algorithms.discrete).
+
+A worker holds its shard's embeddings as tensors and samples minibatches from them (the standard
+offline-RL replay). At run time the critic embeds the state text and every candidate (through its
+LRU) and scores all pairs in one forward pass.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from harnessrl.heads.base import DriverData, Exported, Head, Learners, Scorer, Validation, WorkerSetup, successful_mask
+
+CHUNK = 8192  # rows per forward pass when scoring the whole dataset
+
+
+class FrozenValidation(Validation):
+    CHUNK = 4096
+
+    def __init__(self, data: dict[str, np.ndarray], reward_scale: float, gamma: float, use_f: bool):
+        import torch
+
+        keys = ("state_emb", "action_emb", "next_state_emb", "reward", "done") + (("features",) if use_f else ())
+        self.t = {k: torch.from_numpy(data[k]) for k in keys}
+        self.t["reward"] = self.t["reward"] * reward_scale
+        self.gamma, self.n = gamma, len(data["reward"])
+        super().__init__()
+
+    def score(self, learners: Learners) -> float:
+        import torch
+
+        net, total = learners.critic.core, 0.0
+        dev = next(net.parameters()).device
+        with torch.no_grad():
+            for i in range(0, self.n, self.CHUNK):
+                t = {k: v[i:i + self.CHUNK].to(dev) for k, v in self.t.items()}
+                q = net.q.min_q(t["state_emb"], t["action_emb"], t.get("features"))
+                target = t["reward"] + self.gamma * (1 - t["done"]) * net.v(t["next_state_emb"])
+                total += float((q.float() - target.float()).abs().sum())
+        return total / self.n
+
+
+class FrozenScorer(Scorer):
+    def __init__(self, net):
+        self.net = net.eval()
+        self.uses_features = bool(net.q.feat_mean.numel())
+
+    def embed_texts(self, states, candidates) -> list[str]:
+        return list(dict.fromkeys([*(p.text for p in states), *(c for cands in candidates for c in cands)]))
+
+    def q(self, states, candidates, features, embed) -> np.ndarray:
+        import torch
+
+        texts = self.embed_texts(states, candidates)
+        index = {t: i for i, t in enumerate(texts)}
+        emb = torch.from_numpy(np.asarray(embed(texts), np.float32))
+        s_idx = [index[p.text] for p, cands in zip(states, candidates) for _ in cands]
+        a_idx = [index[c] for cands in candidates for c in cands]
+        f = torch.as_tensor(features, dtype=torch.float32) if features is not None else None
+        with torch.no_grad():
+            return self.net.q.min_q(emb[s_idx], emb[a_idx], f).numpy()
+
+    def values(self, states, actions, next_states, features, embed):
+        import torch
+
+        texts = list(dict.fromkeys([*states, *actions, *next_states]))
+        index = {t: i for i, t in enumerate(texts)}
+        emb = torch.from_numpy(np.asarray(embed(texts), np.float32))
+        f = torch.as_tensor(np.asarray(features), dtype=torch.float32) if self.uses_features else None
+        s, s2 = emb[[index[t] for t in states]], emb[[index[t] for t in next_states]]
+        with torch.no_grad():
+            q = self.net.q.min_q(s, emb[[index[t] for t in actions]], f)
+            return q.numpy(), self.net.v(s).numpy(), self.net.v(s2).numpy()
+
+
+def defined_tools_of(ds) -> list[str]:
+    """Every tool the episodes define (the `defined_tools` column; absent in older data: none)."""
+    import pyarrow.compute as pc
+
+    if "defined_tools" not in ds.schema().names:
+        return []
+    found: set[str] = set()
+    for b in ds.select_columns(["defined_tools"]).iter_batches(batch_size=65536, batch_format="pyarrow"):
+        found.update(pc.unique(pc.list_flatten(b.column("defined_tools"))).to_pylist())
+    return sorted(t for t in found if t)
+
+
+def tool_head_config(cfg, tools: Sequence[str], state_dim: int, defined: Sequence[str] = ()
+                     ) -> tuple[dict | None, list[str]]:
+    """The tool head's DiscreteConfig (as a dict) and vocabulary (tools called, then tools defined
+    but never called, capped at `max_tools`), or (None, vocab) when there is nothing to choose
+    between (fewer than two tools) or it is switched off."""
+    from harnessrl.algorithms.discrete import DiscreteConfig
+    from harnessrl.features import tool_vocabulary
+
+    vocab = tool_vocabulary(Counter(list(tools)), cfg.max_tools, defined)
+    if cfg.tool_head == "none" or len(vocab) < 2:
+        return None, vocab
+    head = DiscreteConfig(state_dim=state_dim, n_actions=len(vocab), hidden_dim=cfg.hidden_dim, gamma=cfg.gamma,
+                          expectile=cfg.expectile, polyak=cfg.polyak, lr=cfg.lr, method=cfg.tool_head,
+                          awr_beta=cfg.awr_beta, bf16=cfg.precision == "bfloat16")
+    return head.to_dict(), vocab
+
+
+class FrozenHead(Head):
+    kind = "frozen"
+
+    def loop_config(self, cfg, data: DriverData) -> dict[str, Any]:
+        from harnessrl.algorithms.iql import IQLConfig
+
+        arrays = data.arrays
+        network = IQLConfig(state_dim=arrays["state_emb"].shape[1], action_dim=arrays["action_emb"].shape[1],
+                            hidden_dim=cfg.hidden_dim, gamma=cfg.gamma, expectile=cfg.expectile, polyak=cfg.polyak,
+                            lr=cfg.lr, alpha=cfg.alpha, feature_dim=data.feature_dim,
+                            bf16=cfg.precision == "bfloat16")
+        tool_head, vocab = tool_head_config(cfg, arrays["tool"].tolist(), network.state_dim, defined_tools_of(data.ds))
+        return {"network": network.to_dict(), "tool_head": tool_head, "tool_vocab": vocab}
+
+    def worker(self, config, shard: Iterable, val: Iterable | None, world: int, device, wrap=None) -> WorkerSetup:
+        import torch
+
+        from harnessrl.algorithms.discrete import DiscreteConfig, DiscreteLearner, DiscreteNetwork
+        from harnessrl.algorithms.iql import IQLConfig, IQLLearner, IQLNetwork
+        from harnessrl.encoded_data import load_arrays
+        from harnessrl.features import tool_ids
+
+        wrap = wrap or (lambda net: net.to(device))
+        data = load_arrays(shard)
+        n = len(data["reward"])
+        if n == 0:
+            raise RuntimeError("a training worker got an empty shard")
+        cfg = IQLConfig(**config["network"])
+        net = IQLNetwork(cfg)
+        if cfg.feature_dim:
+            net.q.set_feature_stats(*config["feature_stats"])  # before DDP, which broadcasts buffers
+        tool_cfg = DiscreteConfig(**config["tool_head"]) if config.get("tool_head") else None
+        learners = Learners(IQLLearner(cfg, wrap(net)),
+                            DiscreteLearner(tool_cfg, wrap(DiscreteNetwork(tool_cfg))) if tool_cfg else None)
+        t = {k: torch.from_numpy(data[k]) for k in ("state_emb", "action_emb", "next_state_emb", "reward", "done")}
+        t["reward"] = t["reward"] * config["reward_scale"]
+        use_f = cfg.feature_dim > 0
+        if use_f:
+            t["features"] = torch.from_numpy(data["features"])
+        use_cand = cfg.alpha > 0 and "cand" in data and data["cand"].shape[1] > 0
+        if use_cand:
+            t["cand"], t["cand_mask"] = torch.from_numpy(data["cand"]), torch.from_numpy(data["cand_mask"])
+            t["cand_f"] = torch.from_numpy(data["cand_f"])
+        if learners.tools is not None:
+            t["tool_id"] = torch.tensor(tool_ids(config["tool_vocab"], data["tool"].tolist()))
+        t = {k: v.to(device) for k, v in t.items()}  # the shard lives where the network does
+        per_worker = max(1, config["batch_size"] // world)
+
+        def step(gen: torch.Generator) -> dict[str, float]:
+            idx = torch.randint(n, (per_worker,), generator=gen)
+            s, s2, r, done = t["state_emb"][idx], t["next_state_emb"][idx], t["reward"][idx], t["done"][idx]
+            f = t["features"][idx] if use_f else None
+            cand = cand_mask = cand_f = None
+            if use_cand:  # a few untaken candidates per state keep the penalty's cost bounded
+                cols = torch.randperm(t["cand"].shape[1], generator=gen)[: config["candidates_per_step"]]
+                cand, cand_mask = t["cand"][idx][:, cols], t["cand_mask"][idx][:, cols]
+                cand_f = t["cand_f"][idx][:, cols] if use_f else None
+            metrics = learners.critic.update(s, t["action_emb"][idx], r, s2, done, f, cand, cand_mask, cand_f)
+            if learners.tools is not None:
+                metrics.update({f"tool_{k}": v for k, v in learners.tools.update(
+                    s, t["tool_id"][idx], r, s2, done, adv=learners.critic.advantage).items()})
+            return metrics
+
+        validation = None
+        if val is not None:
+            validation = FrozenValidation(load_arrays(val, candidates=False), config["reward_scale"], cfg.gamma, use_f)
+        return WorkerSetup(learners, step, validation)
+
+    def export(self, checkpoint_dir, config, prefix, data: DriverData) -> Exported:
+        import torch
+
+        from harnessrl.algorithms.discrete import DiscreteConfig, DiscreteNetwork
+        from harnessrl.algorithms.iql import IQLConfig, IQLNetwork
+        from harnessrl.training_state import load_network_weights
+
+        net = IQLNetwork(IQLConfig(**config["network"]))
+        load_network_weights(checkpoint_dir, net, name=f"{prefix}state")
+        net.eval()
+        tools = None
+        if config.get("tool_head"):
+            tools_net = DiscreteNetwork(DiscreteConfig(**config["tool_head"]))
+            load_network_weights(checkpoint_dir, tools_net, name=f"{prefix}tools")
+            tools = (tools_net, config["tool_head"])
+        arrays = data.arrays
+        mask = successful_mask(arrays["outcome_success"])
+        s, a = torch.from_numpy(arrays["state_emb"][mask]), torch.from_numpy(arrays["action_emb"][mask])
+        f = torch.from_numpy(arrays["features"][mask]) if data.feature_dim else None
+        with torch.no_grad():
+            q = torch.cat([net.q.min_q(s[i:i + CHUNK], a[i:i + CHUNK], f[i:i + CHUNK] if f is not None else None)
+                           for i in range(0, len(s), CHUNK)]) if len(s) else torch.zeros(0)
+        return Exported(FrozenScorer(net), q.numpy(), tools)
+
+    def save(self, directory, scorer: FrozenScorer) -> None:
+        from harnessrl.model_files import WEIGHTS, save_weights
+
+        save_weights(scorer.net, f"{directory}/{WEIGHTS}")
+
+    def load(self, directory, card, device=None) -> FrozenScorer:
+        from harnessrl.algorithms.iql import IQLConfig, IQLNetwork
+        from harnessrl.model_files import WEIGHTS, load_weights
+
+        net = IQLNetwork(IQLConfig(**card.head_config))
+        load_weights(net, f"{directory}/{WEIGHTS}")
+        return FrozenScorer(net)
