@@ -51,6 +51,7 @@ from twx_bc import bc_net  # noqa: E402
 
 
 STEP_COLUMNS = ["task_id", "info", "candidates", "state_text"]
+SEGMENTS = "state_segments"  # read when the transitions have it (the reader scorers need it)
 
 
 def load_steps(transitions: str, families: set[str] | None = None) -> list[dict]:
@@ -58,7 +59,8 @@ def load_steps(transitions: str, families: set[str] | None = None) -> list[dict]
     (all when None), from a transitions folder or a packed file."""
     import pyarrow.dataset as pads
 
-    table = pads.dataset(transitions, format="parquet").to_table(columns=STEP_COLUMNS)
+    dataset = pads.dataset(transitions, format="parquet")
+    table = dataset.to_table(columns=STEP_COLUMNS + ([SEGMENTS] if SEGMENTS in dataset.schema.names else []))
     steps = []
     for r in table.to_pylist():
         gold = json.loads(r["info"] or "{}").get("expert_action")
@@ -66,6 +68,7 @@ def load_steps(transitions: str, families: set[str] | None = None) -> list[dict]
         family = r["task_id"].split("/")[0]
         if gold in cands and len(cands) > 1 and (families is None or family in families):
             steps.append({"family": family, "group": r["task_id"], "state": r["state_text"],
+                          "segments": [(g["role"], g["age"], g["text"]) for g in r.get(SEGMENTS) or ()],
                           "candidates": cands, "gold": cands.index(gold)})
     return steps
 
@@ -98,8 +101,9 @@ def pack(transitions: str, out: Path, encoder: str) -> dict:
     from harnessrl.encoders import load_encoder
 
     out.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pads.dataset(transitions, format="parquet").to_table(columns=STEP_COLUMNS), out / "steps.parquet",
-                   compression="zstd")
+    dataset = pads.dataset(transitions, format="parquet")
+    columns = STEP_COLUMNS + ([SEGMENTS] if SEGMENTS in dataset.schema.names else [])
+    pq.write_table(dataset.to_table(columns=columns), out / "steps.parquet", compression="zstd")
     model, _ = load_encoder(encoder)
     model.half().save(str(out / "encoder"))
     files = [p for p in out.rglob("*") if p.is_file()]
@@ -238,6 +242,50 @@ def cross_encoder(train: list[dict], test: list[dict], steps: int, batch: int, c
                 for s in test], progress
 
 
+READER_PATHS = ("semantic", "tokens", "match")
+
+
+def reader_paths(name: str) -> dict[str, bool]:
+    """`reader` (every path) or `reader:semantic+match` (those paths only) -> ReaderConfig switches."""
+    wanted = name.split(":", 1)[1].split("+") if ":" in name else list(READER_PATHS)
+    unknown = set(wanted) - set(READER_PATHS)
+    if unknown:
+        raise SystemExit(f"unknown reader path(s) {sorted(unknown)}; known: {', '.join(READER_PATHS)}")
+    return {p: p in wanted for p in READER_PATHS}
+
+
+def reader(train: list[dict], test: list[dict], steps: int, batch: int, seed: int, encoder: str, paths: dict,
+           device: str = "cpu", precision: str = "float32", log_every: int = 50) -> tuple[list[float], dict]:
+    """The reader head's network (the paths in `paths`) over the steps' segments, trained listwise on
+    the expert's action like the other scorers (no history features; twx_bc.train_listwise_reader)."""
+    import torch
+
+    from harnessrl.encoders import load_encoder
+    from harnessrl.render import EMBEDDED_ROLES
+    from twx_bc import reader_scores, train_listwise_reader
+
+    if not all(s["segments"] for s in train + test):
+        raise SystemExit("the reader scorers need transitions with state_segments (made by this version's pipeline)")
+    model, _ = load_encoder(encoder, device, 128, precision)
+    model.float()
+    texts = list(dict.fromkeys([t for s in train + test for r, _, t in s["segments"] if r in EMBEDDED_ROLES]
+                               + [c for s in train + test for c in s["candidates"]]))
+    table = dict(zip(texts, model.encode(texts, batch_size=64, convert_to_numpy=True)))
+
+    def embed(batch_texts):
+        return np.stack([table[t] for t in batch_texts])
+
+    net, inputs, progress = train_listwise_reader(train, embed, encoder, paths, steps, batch, seed, device=device,
+                                                  log_every=log_every, max_seconds=float("inf"))
+    with torch.no_grad():
+        out = []
+        for i in range(0, len(test), 32):
+            part = test[i:i + 32]
+            rows = reader_scores(net, inputs, [s["segments"] for s in part], [s["candidates"] for s in part], device)
+            out += [float(row.argmax().item() == s["gold"]) for row, s in zip(rows, part)]
+    return out, progress
+
+
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 
@@ -273,6 +321,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--scorers", default="frozen+mlp,cross",
+                    help="comma-separated: frozen+mlp, cross, reader (every path) or reader:PATH+PATH (of semantic, "
+                         "tokens, match)")
+    ap.add_argument("--reader-steps", type=int, default=1500)
+    ap.add_argument("--reader-batch", type=int, default=32)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
@@ -296,21 +349,28 @@ def main(argv: list[str] | None = None) -> dict:
            "random": accuracy(test, [1.0 / len(s["candidates"]) for s in test])}
     common = {"encoder": args.encoder, "device": args.device, "precision": args.precision}
 
-    start = time.time()
-    out["frozen+mlp"] = {**accuracy(test, frozen_mlp(train, test, args.mlp_steps, args.mlp_batch, args.seed, **common)),
-                         "seconds": round(time.time() - start, 1)}
-    print(f"frozen+mlp: {json.dumps(out['frozen+mlp'])}", flush=True)
-    start = time.time()
-    correct, progress = cross_encoder(train, test, steps, args.cross_batch, args.candidates, args.layers, args.max_len,
-                                      args.seed, max_seconds=args.max_seconds, log_every=args.log_every, **common)
-    out["cross"] = {**accuracy(test, correct), **progress, "seconds": round(time.time() - start, 1)}
-    print(f"cross: {json.dumps(out['cross'])}", flush=True)
+    scorers = args.scorers.split(",")
+    for name in scorers:
+        start = time.time()
+        if name == "frozen+mlp":
+            correct, progress = frozen_mlp(train, test, args.mlp_steps, args.mlp_batch, args.seed, **common), {}
+        elif name == "cross":
+            correct, progress = cross_encoder(train, test, steps, args.cross_batch, args.candidates, args.layers,
+                                              args.max_len, args.seed, max_seconds=args.max_seconds,
+                                              log_every=args.log_every, **common)
+        elif name.startswith("reader"):
+            correct, progress = reader(train, test, args.reader_steps, args.reader_batch, args.seed,
+                                       paths=reader_paths(name), log_every=args.log_every, **common)
+        else:
+            raise SystemExit(f"unknown scorer {name!r}")
+        out[name] = {**accuracy(test, correct), **progress, "seconds": round(time.time() - start, 1)}
+        print(f"{name}: {json.dumps(out[name])}", flush=True)
     print()
     families_seen = sorted(out["random"]["families"])
     for title, key, count, total in (("top-1, all held-out steps", "accuracy", "steps", "all"),
                                      ("top-1, close calls", "close", "close_steps", "close")):
         print(f"{title:28s} {'all':>6s} " + " ".join(f"{f[:12]:>12s}" for f in families_seen))
-        for name in ("random", "frozen+mlp", "cross"):
+        for name in ("random", *scorers):
             fam = out[name]["families"]
             print(f"{name:28s} {_fmt(out[name][total]):>6s} " + " ".join(f"{_fmt(fam[f][key]):>12s}" for f in families_seen))
         n = [out["random"]["families"][f][count] for f in families_seen]

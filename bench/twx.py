@@ -378,12 +378,15 @@ def train_critic(args, work: Path) -> tuple[str, str, dict]:
     return summary["model"]["uri"], str(work / "pipeline"), summary
 
 
-def build_bc(names: list[str], encoded_dir: str, episodes: dict[str, dict], steps: int, render_cfg) -> dict:
-    import numpy as np
-
+def build_bc(names: list[str], encoded_dir: str, episodes: dict[str, dict], steps: int, render_cfg,
+             head: str = "frozen", paths: dict | None = None) -> dict:
+    """BC on the inputs the critic reads: the frozen embeddings (frozen and cross heads) or, for a
+    reader critic, the state's segments through the reader's own network (twx_bc)."""
     from harnessrl.render import Renderer
     from twx_bc import BCScorer, load_bc_encoder, load_rows, train_bc
 
+    if head == "reader":
+        return build_reader_bc(names, encoded_dir, episodes, steps, render_cfg, paths or {})
     rows = load_rows(encoded_dir)
     model = load_bc_encoder(encoded_dir)
 
@@ -395,24 +398,61 @@ def build_bc(names: list[str], encoded_dir: str, episodes: dict[str, dict], step
     def render(state):
         return renderer.parse(state).text
 
-    # The pipeline's ingest table (beside `encoded/`) maps its episode ids to the logs' records.
+    keeps = bc_filters(encoded_dir, rows["episode_id"], episodes)
+    out, info = {}, {}
+    for name in names:
+        net, info[name] = train_bc(rows, keeps[name], steps)
+        out[name] = BCScorer(net, encode, render)
+        print(f"[twx-bench] {name}: {info[name]}", flush=True)
+    return {"scorers": out, "info": info}
+
+
+def bc_filters(encoded_dir: str, episode_ids: list[str], episodes: dict[str, dict]) -> dict:
+    """Which rows each BC scorer learns from: all, successful episodes, careful-agent episodes. The
+    pipeline's ingest table (beside `encoded/`) maps its episode ids to the logs' records."""
+    import numpy as np
     import pyarrow.dataset as pads
 
     ing = pads.dataset(str(Path(encoded_dir).parent / "ingest" / "episodes"), format="parquet").to_table(
         columns=["episode_id", "native_id"]).to_pylist()
     native = {r["episode_id"]: r["native_id"] for r in ing}
-    meta = [episodes.get(native.get(e)) for e in rows["episode_id"]]
+    meta = [episodes.get(native.get(e)) for e in episode_ids]
     if any(m is None for m in meta):
         raise SystemExit("encoded rows name episodes that are not in the logs (--logs, or the bundled ones)")
-    keeps = {
-        "bc": np.ones(len(meta), bool),
-        "bc-success": np.array([bool(m["outcome"]["success"]) for m in meta]),
-        "bc-careful": np.array([m["metadata"]["agent"] == "careful" for m in meta]),
-    }
+    return {"bc": np.ones(len(meta), bool), "bc-success": np.array([bool(m["outcome"]["success"]) for m in meta]),
+            "bc-careful": np.array([m["metadata"]["agent"] == "careful" for m in meta])}
+
+
+def build_reader_bc(names: list[str], encoded_dir: str, episodes: dict[str, dict], steps: int, render_cfg,
+                    paths: dict[str, bool]) -> dict:
+    from harnessrl.heads.reader import table_embed
+    from harnessrl.render import Renderer
+    from twx_bc import ReaderBCScorer, load_bc_encoder, load_segment_rows, train_listwise_reader
+
+    rows = load_segment_rows(str(Path(encoded_dir).parent / "transitions"))
+    keeps = bc_filters(encoded_dir, [r["episode_id"] for r in rows], episodes)
+    train_embed = table_embed(str(Path(encoded_dir) / "_texts"))
+    model = load_bc_encoder(encoded_dir)
+    cache: dict[str, object] = {}
+
+    def live_embed(texts):  # texts the logs never had: the same encoder, as the critic's service does
+        missing = [t for t in dict.fromkeys(texts) if t not in cache]
+        if missing:
+            cache.update(zip(missing, model.encode(missing, convert_to_numpy=True, show_progress_bar=False)))
+        import numpy as np
+
+        return np.stack([cache[t] for t in texts])
+
+    renderer = Renderer(render_cfg)
+    from harnessrl.encoded_data import read_identity
+
+    encoder = read_identity(encoded_dir).model_name
     out, info = {}, {}
     for name in names:
-        net, info[name] = train_bc(rows, keeps[name], steps)
-        out[name] = BCScorer(net, encode, render)
+        chosen = [r for r, keep in zip(rows, keeps[name]) if keep]
+        net, inputs, info[name] = train_listwise_reader(chosen, train_embed, encoder, paths, steps)
+        inputs.embed = live_embed
+        out[name] = ReaderBCScorer(net, inputs, renderer)
         print(f"[twx-bench] {name}: {info[name]}", flush=True)
     return {"scorers": out, "info": info}
 
@@ -706,13 +746,18 @@ def run(args: argparse.Namespace) -> dict:
     if need_bc:
         from harnessrl.config import load_pipeline
 
-        # BC sees states rendered as the encoded data's were: the critic's settings when there is
-        # one (trained here or given), else the quickstart's with this run's overrides
-        render_cfg = (model_card(model_uri).render if model_uri
-                      else load_pipeline(ROOT / "pipelines" / "quickstart.yaml", args.set).render)
+        # BC sees what the critic sees: its render settings and its head's inputs when there is one
+        # (trained here or given), else the quickstart's with this run's overrides
+        if model_uri:
+            card = model_card(model_uri)
+            render_cfg, head, paths = card.render, card.head, card.head_config
+        else:
+            pipe = load_pipeline(ROOT / "pipelines" / "quickstart.yaml", args.set)
+            render_cfg, head, paths = pipe.render, pipe.train.head, pipe.train.reader.model_dump()
         t0 = time.time()
         torch.set_num_threads(2)
-        built = build_bc(need_bc, encoded, by_episode, bc_steps, render_cfg)
+        built = build_bc(need_bc, encoded, by_episode, bc_steps, render_cfg, head,
+                         {k: bool(paths.get(k)) for k in ("semantic", "tokens", "match")})
         ctx.update(built["scorers"])
         bc_info = built["info"]
         timings["train_bc"] = time.time() - t0

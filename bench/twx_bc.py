@@ -1,11 +1,14 @@
-"""Behaviour cloning baselines for bench/twx.py (issue 4).
+"""Behaviour cloning baselines for bench/twx.py (issue 4), on the inputs the critic reads.
 
-An MLP over [s, a, s*a, |s-a|] of the frozen MiniLM embeddings (the encode stage's
+Frozen head: an MLP over [s, a, s*a, |s-a|] of the frozen MiniLM embeddings (the encode stage's
 `state_emb`, `action_emb`, `candidate_emb` columns), trained with softmax cross-entropy of the
 taken action against the step's logged candidates (the taken one plus up to
 `encoder.max_candidates` untaken ones, as the encode stage kept them). It scores in process:
 no service. At play time it renders the state with the pipeline's renderer and encodes texts
 with the same encoder (`load_bc_encoder`: the encoded dataset's own, checked against it).
+
+Reader head: its own network (harnessrl.algorithms.reader) over the state's segments, trained with
+the same listwise loss (`train_listwise_reader`; bench/cross_probe.py's reader scorers too).
 """
 
 from __future__ import annotations
@@ -123,3 +126,84 @@ def train_bc(rows: dict[str, Any], keep: np.ndarray, steps: int, seed: int = 0, 
     net.eval()
     return net, {"rows": int(idx.size), "steps": done, "seconds": round(time.time() - t0, 1),
                  "final_loss": float(np.mean(losses[-50:])) if losses else None}
+
+
+# ---- BC on the reader head's inputs (train.head: reader) ---------------------------------------
+def load_segment_rows(transitions_dir: str, max_candidates: int = 16) -> list[dict[str, Any]]:
+    """Transition rows as the reader reads them: segments, and the taken action first among up to
+    `max_candidates` untaken candidates (the frozen BC's candidate set)."""
+    import pyarrow.dataset as pads
+
+    from harnessrl.transitions import untaken_candidates
+
+    table = pads.dataset(transitions_dir, format="parquet").to_table(
+        columns=["episode_id", "state_segments", "action_text", "candidates"])
+    return [{"episode_id": r["episode_id"], "segments": [(s["role"], s["age"], s["text"]) for s in r["state_segments"]],
+             "candidates": [r["action_text"], *untaken_candidates(r["action_text"], r["candidates"], max_candidates)],
+             "gold": 0} for r in table.to_pylist()]
+
+
+def train_listwise_reader(examples: list[dict[str, Any]], embed, encoder: str, paths: dict[str, bool], steps: int,
+                          batch: int = 32, seed: int = 0, lr: float = 1e-3, device: str = "cpu",
+                          log_every: int | None = None, max_seconds: float = 600.0):
+    """The reader head's network (harnessrl.algorithms.reader, the paths switched on in `paths`)
+    trained with softmax cross-entropy of `gold` against each example's candidates (no history
+    features): behaviour cloning here, the expert-label probe in bench/cross_probe.py.
+    Returns (network in eval mode, inputs for scoring, progress)."""
+    import collections
+    import random
+
+    import torch
+
+    from harnessrl.algorithms.reader import ReaderConfig, ReaderNetwork
+    from harnessrl.heads.reader import _inputs, role_stats
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    cfg = ReaderConfig(sem_dim=embed([examples[0]["candidates"][0]]).shape[1], **paths)
+    inputs = _inputs(cfg, encoder, embed)
+    net = ReaderNetwork(cfg).to(device)
+    net.set_stats(*role_stats({"s": [e["segments"] for e in examples], "n": [], "action": [],
+                               "cand": [e["candidates"] for e in examples]}, embed, cfg.sem_dim))
+    opt = torch.optim.Adam(net.parameters(), lr)
+    start, window, done = time.time(), collections.deque(maxlen=50), 0
+    for done in range(1, steps + 1):
+        part = rng.sample(examples, min(batch, len(examples)))
+        logits = reader_scores(net, inputs, [e["segments"] for e in part], [e["candidates"] for e in part], device)
+        loss = torch.nn.functional.cross_entropy(logits, torch.tensor([e["gold"] for e in part], device=device))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        window.append(float(loss.detach()))
+        if log_every and done % log_every == 0:
+            print(f"  reader step {done}/{steps}: loss {np.mean(window):.3f}, {time.time() - start:.0f} s", flush=True)
+        if time.time() - start > max_seconds:
+            break
+    net.eval()
+    return net, inputs, {"rows": len(examples), "steps": done, "seconds": round(time.time() - start, 1),
+                         "final_loss": round(float(np.mean(window)), 4) if window else None}
+
+
+def reader_scores(net, inputs, segments, candidates, device="cpu"):
+    """(B, K) scores of each state's candidates (padding: -1e9)."""
+    import torch
+
+    from harnessrl.heads.reader_inputs import as_tensors, assemble
+
+    b = as_tensors(assemble(inputs, segments, candidates), device)
+    x = net.stream(b)
+    return torch.minimum(*net.q(net.state(x, b, "s"), x, b)).masked_fill(~b["k_mask"], -1e9)
+
+
+class ReaderBCScorer:
+    """A reader BC network and the renderer of the critic's settings, scoring live states."""
+
+    def __init__(self, net, inputs, renderer):
+        self.net, self.inputs, self.renderer = net, inputs, renderer
+
+    def scores(self, state: dict, candidates: list[str]) -> list[float]:
+        import torch
+
+        segs = [(s.role, s.age, s.text) for s in self.renderer.parse(state).segments]
+        with torch.no_grad():
+            return reader_scores(self.net, self.inputs, [segs], [candidates])[0].tolist()

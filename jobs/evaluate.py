@@ -17,6 +17,7 @@ import numpy as np
 
 from harnessrl import diagnosis, metrics, storage
 from harnessrl.errors import DataError
+from harnessrl.evaluation import row_state
 
 log = logging.getLogger(__name__)
 LATENCY_REQUESTS = 50  # single decide() calls timed one by one
@@ -39,8 +40,8 @@ class EvaluationResult:
 
 def _critic_values(critic, rows: list[dict]) -> dict[str, np.ndarray]:
     """Q(s, a) of the logged actions, V(s), V(s') in reward units."""
-    q, v, v2 = critic.values([r["state_text"] for r in rows], [r["action_text"] for r in rows],
-                             [r["next_state_text"] for r in rows], [r["features"] for r in rows])
+    q, v, v2 = critic.values([row_state(r) for r in rows], [r["action_text"] for r in rows],
+                             [row_state(r, "next_state") for r in rows], [r["features"] for r in rows])
     return {"q": q, "v": v, "v_next": v2}
 
 
@@ -61,7 +62,7 @@ def _decisions(critic, rows: list[dict], expert_field: str) -> dict[str, Any]:
     for i in range(0, len(with_c), 64):
         part = with_c[i:i + 64]
         feats = [r["cand_f"] for r in part]
-        scores += critic.score_batch([(r["state_text"], r["cands"]) for r in part],
+        scores += critic.score_batch([(row_state(r), r["cands"]) for r in part],
                                      features=feats if all(x is not None for x in feats) else None)
     experts = []
     for r in with_c:
@@ -92,11 +93,27 @@ def _tool_metrics(critic, rows: list[dict]) -> dict[str, float]:
     return out
 
 
+def calibration(critic, rows: list[dict], q: np.ndarray) -> dict[str, float]:
+    """Whether the critic's flags mean what they say on these held-out rows: the share of the steps of
+    successful episodes whose logged action scores under the fallback threshold (it was set at the
+    `fallback_quantile` of such steps: held-out tasks of the same kind should give about that share),
+    and the share of states flagged out of distribution (calibrated at 1% of held-out states)."""
+    out: dict[str, float] = {}
+    ok = np.array([bool(r.get("outcome_success")) for r in rows])
+    if critic.threshold is not None and ok.any():
+        out["fallback_rate_success_steps"] = float(np.mean(q[ok] < critic.threshold))
+        out["fallback_quantile"] = float(critic.card.fallback_quantile)
+    if critic.ood_reference is not None and rows:
+        flags = critic.out_of_distribution([row_state(r) for r in rows])
+        out["ood_rate"] = float(np.mean([bool(f) for f in flags]))
+    return out
+
+
 def _latency(critic, cand_rows: list[dict]) -> dict[str, float]:
     seconds = []
     for r in cand_rows[:LATENCY_REQUESTS]:
         t0 = time.perf_counter()
-        critic.decide(r["state_text"], r["cands"])
+        critic.decide(row_state(r), r["cands"])
         seconds.append(time.perf_counter() - t0)
     return {f"latency_{k}": v for k, v in metrics.latency_summary(seconds).items()}
 
@@ -235,6 +252,7 @@ def evaluate(model_uri: str, sources: list[str], fmt: str = "auto", out_dir: str
         log.warning("evaluate: no held-out step has an expert action at %s among its candidates: expert top-1 "
                     "not measured", expert_field)
     figures["fallback_rate"] = metrics.fallback_rate([max(s) for s in dec["scores"]], critic.threshold)
+    figures.update(calibration(critic, rows, values["q"]))
     figures.update(_tool_metrics(critic, rows))
     figures.update(_latency(critic, dec["rows"]))
     per_task: dict[str, int] = {}

@@ -152,6 +152,14 @@ def split_validation(ds, fraction: float, seed: int) -> dict[str, Any]:
             for name in ("train", "val")}
 
 
+def validation_fraction(cfg: TrainConfig, ds) -> float:
+    """`train.validation_fraction`, or when unset 0.1 of the task groups if there are 10 or more."""
+    if cfg.validation_fraction is not None:
+        return cfg.validation_fraction
+    groups = ds.select_columns(["group_id"]).unique("group_id")
+    return 0.1 if len(groups) >= 10 else 0.0
+
+
 def reward_scale_for(returns: np.ndarray) -> float:
     """Scale rewards so the largest |return| is about 1: Q stays in a range the MLP fits easily."""
     peak = float(np.max(np.abs(returns))) if len(returns) else 1.0
@@ -198,11 +206,14 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
     feature_stats = ([arrays["features"].mean(0).tolist(), arrays["features"].std(0).tolist()] if feature_dim
                      else None)
     data = DriverData(ds=ds, n_rows=len(returns), feature_dim=feature_dim, feature_stats=feature_stats,
-                      reward_scale=scale, encoder_name=card.identity.model_name, seed=cfg.seed, arrays=arrays)
+                      reward_scale=scale, encoder_name=card.identity.model_name, seed=cfg.seed, arrays=arrays,
+                      encoded_dir=encoded_dir)
     head_config = head.loop_config(cfg, data)
     datasets = {"train": ds}
-    if cfg.validation_fraction > 0:
-        datasets = split_validation(ds, cfg.validation_fraction, cfg.seed)
+    fraction = validation_fraction(cfg, ds)
+    if fraction > 0:
+        datasets = split_validation(ds, fraction, cfg.seed)
+        data.calibration = datasets["val"]
     use_gpu = cfg.gpus_per_worker > 0
     resources = {"CPU": cfg.cpus_per_worker, **({"GPU": cfg.gpus_per_worker} if use_gpu else {})}
     loop_config = {
@@ -246,15 +257,18 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
                         "selected_step": float(validation["best_step"] if best else metrics.get("step", cfg.steps))})
         log.info("train: held-out TD error best %.4f at step %d; exporting the %s weights (step %d)",
                  validation["best_value"], validation["best_step"], cfg.select, int(metrics["selected_step"]))
-    reference, ood_threshold = fit_reference(arrays["state_emb"], cfg.seed)
+    ood_states = exported.ood_states if exported.ood_states is not None else arrays.get("state_emb")
+    reference, ood_threshold = (fit_reference(ood_states, cfg.seed, exported.ood_held_out) if ood_states is not None
+                                else (None, 0.0))
     card = card.model_copy(update={
         "head": head.kind, "head_config": loop_config["network"], "reward_scale": scale,
-        "ood": OODCard(threshold=ood_threshold, n_reference=len(reference)),
+        "ood": OODCard(threshold=ood_threshold, n_reference=len(reference)) if reference is not None else None,
         "feature_names": list(FEATURE_NAMES) if feature_dim else [], "fallback_threshold": threshold,
         "fallback_quantile": cfg.fallback_quantile, "tool_vocab": head_config.get("tool_vocab", []),
         "train_metrics": metrics})
     save_critic(model_dir, exported.scorer, card, tool_head=exported.tool_head)
-    save_ood_reference(model_dir, reference)
+    if reference is not None:
+        save_ood_reference(model_dir, reference)
     out = TrainResult(model_dir=str(model_dir), checkpoint_path=result.checkpoint.path, steps=cfg.steps,
                       seconds=time.time() - start, metrics=metrics, reward_scale=scale, fallback_threshold=threshold)
     log.info("train: done in %.0f s; loss_q %.4f loss_v %.4f; fallback threshold %.3f", out.seconds,

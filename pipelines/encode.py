@@ -208,6 +208,7 @@ def encode(transitions_dir: str, out_dir: str, cfg: EncoderConfig,
                     _scan_files, batch_format="pyarrow", batch_size=1, num_cpus=TASK_CPUS, memory=SCAN_MEMORY,
                     fn_kwargs={"transitions_dir": transitions_dir, "registries": registries,
                                "max_candidates": cfg.max_candidates, "buckets": buckets, "block_texts": cfg.block_texts,
+                               "segments": bool(cfg.segments), "state_texts": cfg.state_texts is not False,
                                "progress": progress})
                 # a task's outputs are merged into one block: cut them again, so that the pool's
                 # unit of work is `block_texts` texts of similar length, not one input file
@@ -238,7 +239,7 @@ def encode(transitions_dir: str, out_dir: str, cfg: EncoderConfig,
         schema_meta = {ENCODER_KEY: identity.to_json().encode(), b"harnessrl.embedding_dtype": cfg.dtype.encode()}
         data_dir = storage.join(out_dir, "data")
         written = attach_all(files, transitions_dir, data_dir, (keys, matrix), cfg.max_candidates, schema_meta,
-                             in_driver=rows <= DRIVER_ATTACH_ROWS)
+                             in_driver=rows <= DRIVER_ATTACH_ROWS, state_texts=cfg.state_texts is not False)
         if written != rows:
             raise DataError(f"encode: {rows} transitions but {written} written to {data_dir}")
         phases["attach"] = time.time() - start - phases["texts"]

@@ -13,7 +13,7 @@ from harnessrl.embedding_cache import emb_array, emb_matrix
 from harnessrl.encoders import text_hash
 from harnessrl.errors import DataError
 from harnessrl.pipelines.encode_pool import TASK_CPUS
-from harnessrl.pipelines.encode_scan import _file_batches, _untaken
+from harnessrl.pipelines.encode_scan import _file_batches, _untaken, text_columns
 
 ATTACH_ROWS = 4096  # transitions per attach batch (and row group of the output)
 # Up to this many transitions the driver attaches them itself: 5k take ~1.2 s there, against
@@ -42,8 +42,8 @@ def storage_files(fs, path: str) -> list[str]:
     return sorted(i.path for i in infos if i.type == pafs.FileType.File and i.base_name.endswith(".parquet"))
 
 
-def _attach(batch: pa.Table, keys: np.ndarray, matrix: np.ndarray, max_candidates: int, schema_meta: dict
-            ) -> pa.Table:
+def _attach(batch: pa.Table, keys: np.ndarray, matrix: np.ndarray, max_candidates: int, schema_meta: dict,
+            state_texts: bool = True) -> pa.Table:
     """Transition rows + state_emb, action_emb, next_state_emb, candidate_emb (a list per row:
     the untaken candidates' vectors), by text hash against the run's sorted distinct-text index."""
     memo: dict[str, int] = {}
@@ -61,7 +61,8 @@ def _attach(batch: pa.Table, keys: np.ndarray, matrix: np.ndarray, max_candidate
         return np.array([memo[t] for t in texts], np.int64)
 
     dtype = "float16" if matrix.dtype == np.float16 else "float32"
-    for text_col, emb_col in schemas.EMBEDDING_COLUMNS.items():
+    for text_col in text_columns(state_texts):
+        emb_col = schemas.EMBEDDING_COLUMNS[text_col]
         batch = batch.append_column(emb_col, emb_array(matrix[rows(batch.column(text_col).to_pylist())], dtype))
     actions = batch.column("action_text").to_pylist()
     untaken = _untaken(actions, batch.column("candidates").to_pylist() if max_candidates else actions, max_candidates)
@@ -77,7 +78,7 @@ def _attach(batch: pa.Table, keys: np.ndarray, matrix: np.ndarray, max_candidate
 
 
 def _attach_file(path: str, part: int, transitions_dir: str, data_dir: str, index: tuple[np.ndarray, np.ndarray],
-                 max_candidates: int, schema_meta: dict) -> int:
+                 max_candidates: int, schema_meta: dict, state_texts: bool = True) -> int:
     """One transitions file -> its encoded file (`part-NNNNN.parquet`, same rows and order), read,
     attached and written ATTACH_ROWS at a time: a task holds one batch, whatever the file's size.
     A retried task rewrites the same file. Returns the rows written."""
@@ -88,7 +89,7 @@ def _attach_file(path: str, part: int, transitions_dir: str, data_dir: str, inde
     writer, n = None, 0
     try:
         for rows in _file_batches(transitions_dir, path, None, ATTACH_ROWS):
-            batch = _attach(rows, keys, matrix, max_candidates, schema_meta)
+            batch = _attach(rows, keys, matrix, max_candidates, schema_meta, state_texts)
             if writer is None:
                 writer = pq.ParquetWriter(f"{out}/part-{part:05d}.parquet", batch.schema, filesystem=fs,
                                           compression="zstd")
@@ -101,7 +102,7 @@ def _attach_file(path: str, part: int, transitions_dir: str, data_dir: str, inde
 
 
 def attach_all(files: list[str], transitions_dir: str, data_dir: str, index: tuple[np.ndarray, np.ndarray],
-               max_candidates: int, schema_meta: dict, in_driver: bool) -> int:
+               max_candidates: int, schema_meta: dict, in_driver: bool, state_texts: bool = True) -> int:
     """Every transitions file -> its encoded file; returns the rows written. A small corpus is
     attached here, file after file; a large one by one plain Ray task per file, all submitted at
     once (not a Ray Data execution: nothing flows between tasks, and its start-up was 3 s of the
@@ -111,12 +112,12 @@ def attach_all(files: list[str], transitions_dir: str, data_dir: str, index: tup
     fs, path = storage.filesystem(data_dir)
     fs.create_dir(path, recursive=True)
     if in_driver:
-        return sum(_attach_file(f, k, transitions_dir, data_dir, index, max_candidates, schema_meta)
+        return sum(_attach_file(f, k, transitions_dir, data_dir, index, max_candidates, schema_meta, state_texts)
                    for k, f in enumerate(files))
     shared = ray.put(index)
     attach = ray.remote(num_cpus=TASK_CPUS)(_attach_file)
-    return sum(ray.get([attach.remote(f, k, transitions_dir, data_dir, shared, max_candidates, schema_meta)
-                        for k, f in enumerate(files)]))
+    return sum(ray.get([attach.remote(f, k, transitions_dir, data_dir, shared, max_candidates, schema_meta,
+                                      state_texts) for k, f in enumerate(files)]))
 
 
 def _index(texts_dir: str, dtype: str, dim: int) -> tuple[np.ndarray, np.ndarray]:

@@ -14,6 +14,7 @@ from harnessrl import schemas, storage
 from harnessrl.embedding_cache import bucket_of
 from harnessrl.encoders import text_hash
 from harnessrl.pipelines.encode_claims import _claim
+from harnessrl.render import EMBEDDED_ROLES
 from harnessrl.transitions import untaken_candidates
 
 TEXT_COLUMNS = list(schemas.EMBEDDING_COLUMNS)
@@ -36,12 +37,26 @@ def _untaken(actions: list[str], candidates: list, limit: int) -> list[list[str]
     return out
 
 
-def _texts(batch: pa.Table, max_candidates: int, buckets: int) -> pa.Table:
-    """The block's distinct texts: hash, text, length, occurrences in the block, cache bucket."""
+def text_columns(state_texts: bool = True) -> list[str]:
+    """The transitions' text columns the stage embeds: the action always, the rendered states unless
+    the head reads segments instead (`encoder.state_texts`)."""
+    return TEXT_COLUMNS if state_texts else ["action_text"]
+
+
+def _texts(batch: pa.Table, max_candidates: int, buckets: int, segments: bool = False, state_texts: bool = True
+           ) -> pa.Table:
+    """The block's distinct texts: hash, text, length, occurrences in the block, cache bucket. With
+    `segments`, the texts of the state segments the reader head embeds too (render.EMBEDDED_ROLES)."""
     refs: dict[str, int] = {}
-    for col in TEXT_COLUMNS:
+    for col in text_columns(state_texts):
         for text in batch.column(col).to_pylist():
             refs[text] = refs.get(text, 0) + 1
+    for col in schemas.SEGMENT_COLUMNS if segments else ():
+        if col in batch.column_names:
+            for row in batch.column(col).to_pylist():
+                for seg in row or ():
+                    if seg["role"] in EMBEDDED_ROLES:
+                        refs[seg["text"]] = refs.get(seg["text"], 0) + 1
     actions = batch.column("action_text").to_pylist()
     for untaken in _untaken(actions, batch.column("candidates").to_pylist() if max_candidates else actions,
                             max_candidates):
@@ -58,14 +73,15 @@ def _texts(batch: pa.Table, max_candidates: int, buckets: int) -> pa.Table:
     })
 
 
-def _scan(batch: pa.Table, registries: list, max_candidates: int, buckets: int, block_texts: int):
+def _scan(batch: pa.Table, registries: list, max_candidates: int, buckets: int, block_texts: int,
+          segments: bool = False, state_texts: bool = True):
     """Transition rows -> the texts this block must encode (first seen in the run, not in the
     cache), in blocks of at most `block_texts`, longest first. Blocks are not sorted by length
     across the run (that needs a barrier); each actor sorts its block (`length_batches`), which
     with blocks much larger than a batch pads as little as a global sort. Longest first within
     a scan batch makes the run end on its cheapest blocks, so the actors finish together
     (a last block of long texts kept one actor busy ~5 s alone)."""
-    distinct = _texts(batch, max_candidates, buckets)
+    distinct = _texts(batch, max_candidates, buckets, segments, state_texts)
     if distinct.num_rows == 0:
         return
     owner = hashlib.blake2b("".join(distinct.column("text_hash").to_pylist()).encode(), digest_size=12).hexdigest()
@@ -95,11 +111,23 @@ def _file_batches(transitions_dir: str, path: str, columns: list[str] | None, ro
             yield pa.Table.from_batches([batch])
 
 
+def _columns(transitions_dir: str, path: str, wanted: list[str]) -> list[str]:
+    """Those of `wanted` the file has (transitions from before a column was added lack it)."""
+    import pyarrow.parquet as pq
+
+    fs, _ = storage.filesystem(transitions_dir)
+    with fs.open_input_file(path) as fh:
+        names = set(pq.ParquetFile(fh).schema_arrow.names)
+    return [c for c in wanted if c in names]
+
+
 def _scan_files(files: pa.Table, transitions_dir: str, registries: list, max_candidates: int, buckets: int,
-                block_texts: int, progress=None):
+                block_texts: int, progress=None, segments: bool = False, state_texts: bool = True):
     """`_scan` over transitions files (one task per file, read in batches of SCAN_ROWS)."""
     for path in files.column("path").to_pylist():
-        for rows in _file_batches(transitions_dir, path, [*TEXT_COLUMNS, "candidates"], SCAN_ROWS):
-            yield from _scan(rows, registries, max_candidates, buckets, block_texts)
+        columns = [*text_columns(state_texts), "candidates",
+                   *(_columns(transitions_dir, path, list(schemas.SEGMENT_COLUMNS)) if segments else [])]
+        for rows in _file_batches(transitions_dir, path, columns, SCAN_ROWS):
+            yield from _scan(rows, registries, max_candidates, buckets, block_texts, segments, state_texts)
         if progress is not None:
             progress.scanned.remote()

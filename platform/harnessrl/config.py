@@ -54,6 +54,13 @@ class RenderConfig(_Strict):
                                           "in the state while the window slides, e.g. ['read map', 'cat *']")
     list_actions: bool = Field(False, description="a `Done:` line with every action taken so far and repeat counts")
     observation_first: bool = Field(False, description="the current observation before the task")
+    # the state as segments (read by the reader head, harnessrl.heads.reader): the task, the observation, the
+    # last action, every distinct earlier result (the newest first, then the longest), the actions taken
+    memory_results: int = Field(6, ge=0, description="distinct earlier results kept as segments: the newest "
+                                                     "`memory_newest`, then the longest of the older ones")
+    memory_newest: int = Field(3, ge=0, description="how many of the kept results are the newest ones")
+    memory_actions: bool = Field(True, description="a segment listing the actions taken so far, with repeat counts")
+    segment_chars: int = Field(1200, ge=50, description="characters per segment; longer ones are cut")
 
 
 class EncoderConfig(_Strict):
@@ -83,6 +90,11 @@ class EncoderConfig(_Strict):
     block_texts: int = Field(256, ge=16, description="distinct texts per encoder actor call (sorted by length there); "
                                                      "1024 suits GPU actors")
     cache: str | None = Field(None, description="persistent embedding cache: a local folder or s3:// URI; None = off")
+    segments: bool | None = Field(None, description="also embed the texts of the state segments (the reader head's "
+                                                     "semantic path); None: when train.head reads them")
+    state_texts: bool | None = Field(None, description="embed the rendered state texts (what the frozen and cross "
+                                                       "heads, the tool head and their OOD check read); None: unless "
+                                                       "train.head is reader")
 
     @model_validator(mode="after")
     def _check(self) -> "EncoderConfig":
@@ -121,12 +133,39 @@ class CrossHeadConfig(_Strict):
     trunk_lr: float = Field(3e-5, gt=0, description="learning rate of the trunk (train.lr is the heads')")
 
 
+class ReaderHeadConfig(_Strict):
+    """The reader head (train.head: reader): Q and V over the state's segments (harnessrl.heads.reader)."""
+
+    semantic: bool = Field(True, description="each segment's frozen sentence embedding, standardised per role")
+    tokens: bool = Field(True, description="the token path: the encoder's word embeddings, a small convolution, the "
+                                           "candidate attending over the state's tokens")
+    match: bool = Field(True, description="how well the candidate's tokens are found in each role's tokens")
+    dim: int = Field(128, ge=8, description="width of the token path and of the attention")
+    conv_layers: int = Field(1, ge=0, le=8)
+    heads: int = Field(4, ge=1, description="attention heads (dim must be a multiple)")
+    segment_tokens: int = Field(128, ge=8, le=512, description="tokens kept per segment")
+    state_tokens: int = Field(640, ge=16, description="tokens kept per state, the segments in order")
+    batch_size: int = Field(64, ge=2, description="states per step over all workers (train.batch_size is the frozen "
+                                                  "head's)")
+    lr: float = Field(3e-4, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "ReaderHeadConfig":
+        if not (self.semantic or self.tokens or self.match):
+            raise ValueError("the reader needs at least one of semantic, tokens, match")
+        if self.dim % self.heads:
+            raise ValueError(f"dim ({self.dim}) must be a multiple of heads ({self.heads})")
+        return self
+
+
 class TrainConfig(_Strict):
-    head: Literal["frozen", "cross"] = Field(
+    head: Literal["frozen", "cross", "reader"] = Field(
         "frozen", description="frozen: an MLP on the encoded embeddings (fast, CPU-friendly); cross: the encoder "
                               "fine-tuned on (state, action) pairs as the trunk of Q and V (a GPU job at full size; "
-                              "no tool head)")
+                              "no tool head); reader: the state as segments, read through their embeddings and "
+                              "tokens (no tool head)")
     cross: CrossHeadConfig = CrossHeadConfig()
+    reader: ReaderHeadConfig = ReaderHeadConfig()
     steps: int = Field(2000, ge=1)
     batch_size: int = Field(256, ge=2)
     lr: float = Field(3e-4, gt=0)
@@ -151,9 +190,10 @@ class TrainConfig(_Strict):
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
         "PACK", description="where Ray Train puts the workers: PACK fills a node first; SPREAD one per node")
     checkpoint_every: int = Field(500, ge=1)
-    validation_fraction: float = Field(
-        0.0, ge=0, lt=1, description="share of task groups (group_id) kept out of training to score the critic every "
-                                     "log_every steps (held-out TD error); 0: no validation")
+    validation_fraction: float | None = Field(
+        None, ge=0, lt=1, description="share of task groups (group_id) kept out of training: the critic's held-out TD "
+                                      "error every log_every steps, and the fallback and OOD thresholds are calibrated "
+                                      "on them; 0: none; None: 0.1 when the data has 10 or more task groups")
     select: Literal["best", "last"] = Field(
         "last", description="with validation: export the last weights, or those of the best held-out TD error (it "
                             "favours early, undertrained critics: see bench/README.md)")
@@ -279,6 +319,18 @@ class PipelineConfig(_Strict):
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
+
+    @model_validator(mode="after")
+    def _segments(self) -> "PipelineConfig":
+        """The encode stage embeds the state segments when the head reads them (encoder.segments: None)."""
+        update = {}
+        if self.encoder.segments is None:
+            update["segments"] = self.train.head == "reader"
+        if self.encoder.state_texts is None:
+            update["state_texts"] = self.train.head != "reader"
+        if update:
+            self.encoder = self.encoder.model_copy(update=update)
+        return self
 
     @model_validator(mode="after")
     def _render_budget(self) -> "PipelineConfig":

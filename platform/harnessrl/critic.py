@@ -141,7 +141,7 @@ class Critic:
         parsed = [self.parse_state(s) for s, _ in requests]
         texts = self.scorer.embed_texts(parsed, [cands for _, cands in requests])
         if self.ood_reference is not None:
-            texts = list(dict.fromkeys([*texts, *(p.text for p in parsed)]))
+            texts = list(dict.fromkeys([*texts, *(self.scorer.ood_text(p) for p in parsed)]))
         return Prepared(requests, parsed, texts)
 
     def score_prepared(self, prep: Prepared, features: Sequence[Sequence[Sequence[float]]] | None = None,
@@ -158,7 +158,8 @@ class Critic:
         emb = dict(zip(texts, self.encode(texts, given))) if texts else {}
         if ood:
             reference, threshold = self.ood_reference
-            flags = [bool(x) for x in is_ood(np.stack([emb[p.text] for p in parsed]), reference, threshold)]
+            flags = [bool(x) for x in is_ood(np.stack([emb[self.scorer.ood_text(p)] for p in parsed]), reference,
+                                             threshold)]
         f = None
         if self.uses_features:
             if features is None:
@@ -174,11 +175,13 @@ class Critic:
             pos += len(cands)
         return out, flags
 
-    def values(self, states: list[str], actions: list[str], next_states: list[str], features=None
+    def values(self, states: Sequence[State], actions: list[str], next_states: Sequence[State], features=None
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Q(s, a), V(s), V(s') in reward units, for rendered state texts (offline evaluation);
-        `features` (n, d) are the actions' history features when the model uses them."""
-        q, v, v2 = self.scorer.values(states, actions, next_states, features, self.encode)
+        """Q(s, a), V(s), V(s') in reward units (offline evaluation) of states given as rendered text or
+        parsed (`RequestState`, with the segments a reader head reads); `features` (n, d) are the
+        actions' history features when the model uses them."""
+        q, v, v2 = self.scorer.values([self.parse_state(s) for s in states], actions,
+                                      [self.parse_state(s) for s in next_states], features, self.encode)
         return tuple(np.asarray(x, np.float64) / self.reward_scale for x in (q, v, v2))
 
     def score_batch(self, requests: Sequence[tuple[State, Sequence[str]]],
@@ -214,7 +217,8 @@ class Critic:
         if self.ood_reference is None or not states:
             return [None] * len(states)
         reference, threshold = self.ood_reference
-        return [bool(x) for x in is_ood(self.encode([self.render_state(s) for s in states]), reference, threshold)]
+        texts = [self.scorer.ood_text(self.parse_state(s)) for s in states]
+        return [bool(x) for x in is_ood(self.encode(texts), reference, threshold)]
 
     def decide_scores(self, scores: list[float], ood: bool | None = None, repeats: list[int] | None = None,
                       ranking: list[float] | None = None) -> Decision:

@@ -113,7 +113,8 @@ def load_arrays(batches, candidates: bool = True) -> dict[str, np.ndarray]:
             parts["cand_mask"].append(mask)
             parts["cand_f"].append(_padded(b.column("candidate_features"), len(FEATURE_NAMES))[0][:, : cand.shape[1]])
         for k in ("state_emb", "action_emb", "next_state_emb"):
-            parts[k].append(_matrix(b.column(k)))
+            if k in b.column_names:  # a reader head's data embeds no rendered states (encoder.state_texts)
+                parts[k].append(_matrix(b.column(k)))
         parts["features"].append(_features(b.column("features")))
         parts["tool"].append(np.array(b.column("tool").to_pylist(), dtype=object))
         parts["reward"].append(b.column("reward").to_numpy(zero_copy_only=False).astype(np.float32))

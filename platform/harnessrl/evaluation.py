@@ -44,8 +44,19 @@ def expert_action(t: dict[str, Any], field: str = EXPERT_FIELD) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def row_state(t: dict[str, Any], key: str = "state"):
+    """A transition row's state (`key` "state" or "next_state") as the critic parses a request: its
+    rendered text and its segments (a reader head reads those), so that held-out rows are scored as
+    the states the critic trained on."""
+    from harnessrl.render import RequestState, Segment
+
+    text = t[f"{key}_text"]
+    segments = tuple(Segment(s["role"], int(s["age"]), s["text"]) for s in t.get(f"{key}_segments") or ())
+    return RequestState(text, segments=segments or (Segment("text", 0, text),))
+
+
 def _row(t: dict[str, Any], candidates: list[str], expert: str | None) -> dict[str, Any]:
-    return {"state_text": t["state_text"], "candidates": candidates, "expert": expert,
+    return {"state_text": t["state_text"], "state": row_state(t), "candidates": candidates, "expert": expert,
             "features": candidate_features(t, candidates), "episode_id": t["episode_id"], "step_idx": t["step_idx"]}
 
 
@@ -78,7 +89,7 @@ def gold_top1(critic, rows: list[dict[str, Any]], chunk: int = 64) -> dict[str, 
     for i in range(0, len(rows), chunk):
         part = rows[i:i + chunk]
         features = [r.get("features") for r in part]
-        scored = critic.score_batch([(r["state_text"], r["candidates"]) for r in part],
+        scored = critic.score_batch([(r.get("state") or r["state_text"], r["candidates"]) for r in part],
                                     features=features if all(f is not None for f in features) else None)
         for row, scores in zip(part, scored):
             best = max(range(len(scores)), key=scores.__getitem__)

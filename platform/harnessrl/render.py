@@ -112,14 +112,64 @@ def _turns_that_fit(head: list[str], turns: list[str], n_history: int, max_token
     return keep
 
 
+# ---- the state as segments -------------------------------------------------------------------
+SEGMENT_ROLES = ("task", "observation", "last", "result", "actions", "status", "text")
+# Roles whose sentence embedding the reader head reads (its semantic path); "actions" changes at every
+# step (embedding it would cost an encoder pass per step) and is read through its tokens only.
+EMBEDDED_ROLES = frozenset(r for r in SEGMENT_ROLES if r != "actions")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One piece of a state: its role (SEGMENT_ROLES), its age (steps since it was produced, 0 for
+    what holds now) and its text."""
+
+    role: str
+    age: int
+    text: str
+
+
+def state_segments(task: str, history: Sequence[Turn], observation: str, cfg: RenderConfig = RenderConfig()
+                   ) -> tuple[Segment, ...]:
+    """The state as segments, not one text: the task, the current observation, the last action, every
+    distinct earlier result the episode produced that is not shown already (within
+    `memory_results`: the `memory_newest` newest, then the longest of the rest, so a recipe or a map
+    read long ago stays; no configured pin list), and the actions taken with their counts. Empty
+    pieces are left out; each is cut at `segment_chars`."""
+    cut = cfg.segment_chars
+
+    def seg(role: str, age: int, text: str) -> Segment:
+        text = text.strip()
+        return Segment(role, age, text if len(text) <= cut else text[: cut - 3] + "...")
+
+    out = [seg("task", 0, task), seg("observation", 0, observation)]
+    if history:
+        out.append(seg("last", 1, history[-1].action))
+    shown = {task.strip(), observation.strip(), ""}
+    found = []
+    for age, turn in enumerate(reversed(history), start=1):
+        result = turn.result.strip()
+        if result not in shown:
+            shown.add(result)
+            found.append((age, turn.action.strip(), result))
+    keep = found[: cfg.memory_newest] + sorted(found[cfg.memory_newest:], key=lambda x: (-len(x[2]), x[0]))[
+        : max(0, cfg.memory_results - cfg.memory_newest)]
+    out += [seg("result", age, f"{action}: {result}") for age, action, result in sorted(keep)[: cfg.memory_results]]
+    if cfg.memory_actions and history:
+        out.append(seg("actions", 0, _done(history)[0][len("Done: "):]))
+    return tuple(s for s in out if s.text)
+
+
 @dataclass(frozen=True)
 class RequestState:
-    """A request's state, parsed: the rendered text, and the turns and observation that the
-    history features read (empty when the request sent already-rendered text)."""
+    """A request's state, parsed: the rendered text, its segments, and the turns and observation that
+    the history features read (empty when the request sent already-rendered text: then the text is
+    its one segment)."""
 
     text: str
     history: tuple[Turn, ...] = ()
     observation: str = ""
+    segments: tuple[Segment, ...] = ()
 
 
 class Renderer:
@@ -132,20 +182,26 @@ class Renderer:
     def text(self, task: str, history: Sequence[Turn], observation: str) -> str:
         return render_state(task, history, observation, self.cfg)
 
-    def parse(self, state: str | dict[str, Any]) -> RequestState:
+    def segments(self, task: str, history: Sequence[Turn], observation: str) -> tuple[Segment, ...]:
+        return state_segments(task, history, observation, self.cfg)
+
+    def parse(self, state: "str | dict[str, Any] | RequestState") -> RequestState:
         """Already rendered text, or `{task, history[{action, observation}], observation}` rendered
         exactly as the transitions stage renders a logged step (the observation of a history item
         is the result of its action)."""
+        if isinstance(state, RequestState):  # parsed already (evaluation: rows of the transitions table)
+            return state
         if isinstance(state, str):
-            return RequestState(state)
+            return RequestState(state, segments=(Segment("text", 0, state),))
         if not isinstance(state, dict):
             raise ConfigError("state must be a string or an object with task/history/observation")
         history = tuple(
             Turn(str(h.get("action", "")), str(h.get("observation", h.get("result", ""))))
             for h in state.get("history") or []
         )
-        observation = str(state.get("observation", ""))
-        return RequestState(self.text(str(state.get("task", "")), history, observation), history, observation)
+        observation, task = str(state.get("observation", "")), str(state.get("task", ""))
+        return RequestState(self.text(task, history, observation), history, observation,
+                            self.segments(task, history, observation))
 
     def tool(self, action: str) -> str:
         from harnessrl.features import tool_name

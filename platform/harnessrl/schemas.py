@@ -82,6 +82,8 @@ QUARANTINE = pa.schema(
     ]
 )
 
+SEGMENTS = pa.list_(pa.struct([("role", pa.string()), ("age", pa.int32()), ("text", pa.string())]))  # render.Segment
+
 TRANSITIONS = pa.schema(
     [
         ("episode_id", pa.string()),
@@ -103,8 +105,11 @@ TRANSITIONS = pa.schema(
         ("candidates", pa.list_(pa.string())),
         ("candidate_features", pa.list_(pa.list_(pa.float32()))),
         ("info", pa.string()),
+        ("state_segments", SEGMENTS),  # the state as the reader head reads it (render.state_segments)
+        ("next_state_segments", SEGMENTS),
     ]
 )
+SEGMENT_COLUMNS = ("state_segments", "next_state_segments")
 
 EMBEDDING_COLUMNS = {"state_text": "state_emb", "action_text": "action_emb", "next_state_text": "next_state_emb"}
 

@@ -68,6 +68,12 @@ def episode_transitions(
                 "candidate_features": renderer.features(
                     turns[:t], obs, untaken_candidates(s["action_text"], s.get("candidates"))),
                 "info": s.get("info") or "{}",
+                "state_segments": _segments(renderer.segments(task, turns[:t], obs)),
+                "next_state_segments": _segments(renderer.segments(task, turns[: t + 1], next_obs)),
             }
         )
     return out
+
+
+def _segments(segments) -> list[dict[str, Any]]:
+    return [{"role": s.role, "age": s.age, "text": s.text} for s in segments]

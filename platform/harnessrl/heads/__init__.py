@@ -9,8 +9,9 @@ from harnessrl.heads.base import Head
 def _heads() -> dict[str, type[Head]]:
     from harnessrl.heads.cross import CrossHead
     from harnessrl.heads.frozen import FrozenHead
+    from harnessrl.heads.reader import ReaderHead
 
-    return {h.kind: h for h in (FrozenHead, CrossHead)}
+    return {h.kind: h for h in (FrozenHead, CrossHead, ReaderHead)}
 
 
 def head(kind: str, for_model: bool = False) -> Head:

@@ -37,6 +37,13 @@ class DriverData:
     encoder_name: str
     seed: int = 0
     arrays: dict[str, np.ndarray] = field(default_factory=dict)  # the frozen embeddings, when read
+    encoded_dir: str = ""  # the encoded dataset (its `_texts` table: every distinct text's embedding)
+    calibration: Any = None  # held-out rows (task groups kept out of training): the thresholds are set on them
+
+    @property
+    def calibration_rows(self):
+        """The rows the fallback threshold is set on: the held-out ones, else the training data."""
+        return self.calibration if self.calibration is not None else self.ds
 
 
 class Learners:
@@ -119,12 +126,15 @@ class WorkerSetup:
 @dataclass
 class Exported:
     """A trained head after training: its scorer (the chosen weights), the raw Q values of a sample
-    of steps of successful episodes (the fallback threshold is their low quantile) and the tool
-    head (network, DiscreteConfig dict) when the head trained one."""
+    of steps of successful episodes (held-out ones when there are: the fallback threshold is their
+    low quantile), the tool head (network, DiscreteConfig dict) when the head trained one, and the
+    state embeddings the OOD check keeps (training states) and is calibrated on (held-out states)."""
 
     scorer: "Scorer"
     success_q: np.ndarray
     tool_head: tuple[Any, dict] | None = None
+    ood_states: np.ndarray | None = None  # embeddings of training states for the OOD reference (None: the state_emb)
+    ood_held_out: np.ndarray | None = None  # the same for held-out states, to calibrate its threshold
 
 
 class Scorer(ABC):
@@ -133,6 +143,10 @@ class Scorer(ABC):
     units training used; `Critic` divides by the reward scale)."""
 
     uses_features: bool = False
+
+    def ood_text(self, state) -> str:
+        """The text of a parsed state whose embedding the OOD check compares with the reference."""
+        return state.text
 
     @abstractmethod
     def embed_texts(self, states: Sequence[Any], candidates: Sequence[Sequence[str]]) -> list[str]:
@@ -144,9 +158,9 @@ class Scorer(ABC):
         (n_pairs, d_f) float32 array of history features, or None when the head uses none."""
 
     @abstractmethod
-    def values(self, states: list[str], actions: list[str], next_states: list[str], features, embed: Embed
+    def values(self, states: Sequence[Any], actions: list[str], next_states: Sequence[Any], features, embed: Embed
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Q(s, a), V(s), V(s') for rendered texts (offline evaluation)."""
+        """Q(s, a), V(s), V(s') of parsed states (offline evaluation)."""
 
 
 class Head(ABC):

@@ -93,7 +93,7 @@ class CrossHeadScorer(Scorer):
         import torch
 
         f = torch.as_tensor(np.asarray(features), dtype=torch.float32) if self.uses_features else None
-        sc = self.scorer
+        sc, states, next_states = self.scorer, [p.text for p in states], [p.text for p in next_states]
         return sc.min_q(states, actions, f).numpy(), sc.value(states).numpy(), sc.value(next_states).numpy()
 
 
@@ -187,11 +187,17 @@ class CrossHead(Head):
         cfg, net, tokenizer = self._network(config)
         load_network_weights(checkpoint_dir, net, name=f"{prefix}state")
         scorer = CrossScorer(net.eval(), tokenizer, cfg.max_length)
-        ok = sample_successful(data.ds, data.n_rows, THRESHOLD_ROWS, data.seed)
+        ok = sample_successful(data.calibration_rows, data.n_rows, THRESHOLD_ROWS, data.seed)
         f = torch.from_numpy(ok["features"]) if data.feature_dim else None
         q = scorer.min_q(ok["state_text"], ok["action_text"], f).numpy()
         log.info("train: cross head exported (%s weights); fallback threshold from %d rows", prefix or "last", len(q))
-        return Exported(CrossHeadScorer(scorer), q)
+        held = None
+        if data.calibration is not None:
+            from harnessrl.encoded_data import load_arrays
+
+            held = load_arrays(data.calibration.iter_batches(batch_size=8192, batch_format="pyarrow"),
+                               candidates=False).get("state_emb")
+        return Exported(CrossHeadScorer(scorer), q, ood_held_out=held)
 
     def save(self, directory, scorer: CrossHeadScorer) -> None:
         from harnessrl.algorithms.cross import save_trunk_files

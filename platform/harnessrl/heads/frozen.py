@@ -14,6 +14,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from harnessrl.errors import DataError
 from harnessrl.heads.base import DriverData, Exported, Head, Learners, Scorer, Validation, WorkerSetup, successful_mask
 
 CHUNK = 8192  # rows per forward pass when scoring the whole dataset
@@ -68,6 +69,7 @@ class FrozenScorer(Scorer):
     def values(self, states, actions, next_states, features, embed):
         import torch
 
+        states, next_states = [p.text for p in states], [p.text for p in next_states]
         texts = list(dict.fromkeys([*states, *actions, *next_states]))
         index = {t: i for i, t in enumerate(texts)}
         emb = torch.from_numpy(np.asarray(embed(texts), np.float32))
@@ -114,6 +116,9 @@ class FrozenHead(Head):
         from harnessrl.algorithms.iql import IQLConfig
 
         arrays = data.arrays
+        if "state_emb" not in arrays:
+            raise DataError("the encoded data has no state embeddings (encoded with encoder.state_texts: false, for "
+                            "train.head: reader): the frozen head needs them; rerun the encode stage")
         network = IQLConfig(state_dim=arrays["state_emb"].shape[1], action_dim=arrays["action_emb"].shape[1],
                             hidden_dim=cfg.hidden_dim, gamma=cfg.gamma, expectile=cfg.expectile, polyak=cfg.polyak,
                             lr=cfg.lr, alpha=cfg.alpha, feature_dim=data.feature_dim,
@@ -190,14 +195,20 @@ class FrozenHead(Head):
             tools_net = DiscreteNetwork(DiscreteConfig(**config["tool_head"]))
             load_network_weights(checkpoint_dir, tools_net, name=f"{prefix}tools")
             tools = (tools_net, config["tool_head"])
+        from harnessrl.encoded_data import load_arrays
+
         arrays = data.arrays
+        held = None
+        if data.calibration is not None:
+            held = load_arrays(data.calibration.iter_batches(batch_size=8192, batch_format="pyarrow"), candidates=False)
+            arrays = held
         mask = successful_mask(arrays["outcome_success"])
         s, a = torch.from_numpy(arrays["state_emb"][mask]), torch.from_numpy(arrays["action_emb"][mask])
         f = torch.from_numpy(arrays["features"][mask]) if data.feature_dim else None
         with torch.no_grad():
             q = torch.cat([net.q.min_q(s[i:i + CHUNK], a[i:i + CHUNK], f[i:i + CHUNK] if f is not None else None)
                            for i in range(0, len(s), CHUNK)]) if len(s) else torch.zeros(0)
-        return Exported(FrozenScorer(net), q.numpy(), tools)
+        return Exported(FrozenScorer(net), q.numpy(), tools, ood_held_out=held["state_emb"] if held else None)
 
     def save(self, directory, scorer: FrozenScorer) -> None:
         from harnessrl.model_files import WEIGHTS, save_weights

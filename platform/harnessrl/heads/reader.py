@@ -1,0 +1,361 @@
+"""The reader head (`train.head: reader`, harnessrl.algorithms.reader): Q and V over the state's
+segments (harnessrl.render.state_segments) through a semantic path (each segment's frozen sentence
+embedding, standardised per role), a token path (the encoder's frozen word embeddings, a small
+trainable convolution, the candidate attending over the state's tokens) and match signals.
+
+A worker holds its shard's rows (segments, candidates, features) and the sentence embeddings of the
+texts they name, looked up by content hash in the encode stage's distinct-text table (`_texts`):
+references, not copies. The tokenizer and the frozen word-embedding table come from the encoder's
+own files, at training and at serving alike; only the trained weights are saved.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from harnessrl.errors import DataError
+from harnessrl.heads.base import DriverData, Exported, Head, Learners, Scorer, Validation, WorkerSetup, successful_mask
+from harnessrl.heads.reader_inputs import Inputs, Seg, Tokens, as_tensors, assemble
+from harnessrl.render import EMBEDDED_ROLES
+from harnessrl.transitions import untaken_candidates
+
+log = logging.getLogger(__name__)
+ROW_COLUMNS = ("state_segments", "next_state_segments", "action_text", "candidates", "features", "candidate_features",
+               "reward", "done", "outcome_success")
+VALIDATION_ROWS = 1024  # held-out rows scored per validation
+THRESHOLD_ROWS = 4096  # rows of successful episodes scored for the fallback threshold
+CHUNK = 64  # states per forward pass when scoring
+STD_FLOOR = 1e-2  # a role's per-dimension scale is at least this share of the scale over every segment
+
+
+def word_embeddings(encoder_name: str) -> np.ndarray:
+    """The encoder's frozen word-embedding table (vocabulary x dim), read from its safetensors file
+    (no model is loaded; the encoder identity's weight hash covers the file)."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    from harnessrl.encoders import resolve_model_path
+
+    folder = Path(resolve_model_path(encoder_name))
+    for path in sorted(folder.rglob("*.safetensors")):
+        with safe_open(str(path), "np") as fh:
+            for key in fh.keys():
+                if key.endswith("word_embeddings.weight"):
+                    return fh.get_tensor(key).astype(np.float32)
+    raise DataError(f"encoder {encoder_name!r}: no word-embedding table (*word_embeddings.weight) in the "
+                    f"safetensors files of {folder}: the reader head needs one")
+
+
+def _segs(value) -> list[Seg]:
+    return [(s["role"], int(s["age"]), s["text"]) for s in value or ()]
+
+
+def load_rows(batches) -> dict[str, Any]:
+    """Transition rows as lists: segments, the taken action, the untaken candidates aligned with
+    their features; arrays of reward, done, features, outcome."""
+    cols: dict[str, list] = {k: [] for k in ROW_COLUMNS}
+    for b in batches:
+        if "state_segments" not in b.column_names:
+            raise DataError("the transitions have no state_segments (made before the reader head existed): rerun the "
+                            "transitions stage (harnessrl run --force)")
+        for k in ROW_COLUMNS:
+            cols[k].extend(b.column(k).to_pylist() if k in b.column_names else [None] * b.num_rows)
+    n = len(cols["reward"])
+    out: dict[str, Any] = {"s": [_segs(x) for x in cols["state_segments"]],
+                           "n": [_segs(x) for x in cols["next_state_segments"]], "action": cols["action_text"]}
+    out["reward"] = np.asarray(cols["reward"], np.float32)
+    out["done"] = np.asarray(cols["done"], np.float32)
+    out["outcome_success"] = np.array([bool(x) for x in cols["outcome_success"]], bool)
+    out["features"] = np.asarray([f or [] for f in cols["features"]], np.float32).reshape(n, -1) if n else \
+        np.zeros((0, 0), np.float32)
+    out["cand"], out["cand_f"] = [], []
+    for action, cands, cand_f in zip(cols["action_text"], cols["candidates"], cols["candidate_features"]):
+        # the encoded data keeps the features of a prefix of the untaken candidates: those are the ones used
+        untaken = untaken_candidates(action, cands, len(cand_f) if cand_f is not None else None)
+        out["cand"].append(untaken)
+        out["cand_f"].append(list(cand_f or [])[: len(untaken)])
+    return out
+
+
+def _text_table(texts_dir: str):
+    """(hash -> row, matrix float32) of the encode stage's distinct-text table."""
+    import pyarrow.dataset as pads
+
+    from harnessrl import storage
+    from harnessrl.embedding_cache import emb_matrix
+
+    fs, path = storage.filesystem(texts_dir)
+    table = pads.dataset(path, filesystem=fs, format="parquet").to_table(columns=["text_hash", "emb"])
+    matrix = emb_matrix(table.column("emb"), len(table.column("emb")[0]) if table.num_rows else 1)
+    return {h: i for i, h in enumerate(table.column("text_hash").to_pylist())}, matrix.astype(np.float32)
+
+
+def table_embed(texts_dir: str):
+    """texts -> (n, dim) sentence embeddings from the encoded dataset's `_texts` table."""
+    from harnessrl.encoders import text_hash
+
+    index, matrix = _text_table(texts_dir)
+
+    def embed(texts: Sequence[str]) -> np.ndarray:
+        rows = [index.get(text_hash(t), -1) for t in texts]
+        if rows and min(rows) < 0:
+            missing = next(t for t, r in zip(texts, rows) if r < 0)
+            raise DataError(f"the encoded data has no embedding for {missing[:80]!r}: the reader head needs the state "
+                            "segments embedded (encoder.segments: true, the default with train.head: reader); rerun "
+                            "the encode stage")
+        return matrix[rows]
+
+    return embed
+
+
+def role_stats(rows: dict[str, Any], embed, sem_dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per role, the mean and scale of the distinct texts' sentence embeddings (the candidate role:
+    actions and candidates): what differs among observations, not between an observation and a task."""
+    from harnessrl.algorithms.reader import ROLE_ID, ROLES
+
+    by_role: dict[str, set[str]] = {}
+    for segs in (*rows["s"], *rows["n"]):
+        for r, _, t in segs:
+            if r in EMBEDDED_ROLES:
+                by_role.setdefault(r, set()).add(t)
+    by_role["candidate"] = set(rows["action"]) | {c for cands in rows["cand"] for c in cands}
+    every = sorted(set().union(*by_role.values()))
+    allv = embed(every) if every else np.zeros((1, sem_dim), np.float32)
+    g_mean, g_std = allv.mean(0), np.maximum(allv.std(0), 1e-6)
+    mean, std = np.tile(g_mean, (len(ROLES), 1)), np.tile(g_std, (len(ROLES), 1))
+    for role, texts in by_role.items():
+        if len(texts) >= 2:
+            v = embed(sorted(texts))
+            mean[ROLE_ID[role]], std[ROLE_ID[role]] = v.mean(0), np.maximum(v.std(0), STD_FLOOR * g_std)
+    return mean, std
+
+
+def _inputs(cfg, encoder_name: str, embed) -> Inputs:
+    from harnessrl.tokens import load_tokenizer
+
+    return Inputs(Tokens(load_tokenizer(encoder_name), cfg.segment_tokens), word_embeddings(encoder_name),
+                  embed if cfg.semantic else None, cfg.sem_dim, cfg.state_tokens)
+
+
+def _features(per_state: Sequence[Sequence[Sequence[float]]], k: int, dim: int) -> np.ndarray:
+    out = np.zeros((len(per_state), k, dim), np.float32)
+    for i, rows in enumerate(per_state):
+        if len(rows):
+            out[i, : len(rows)] = np.asarray(rows, np.float32)
+    return out
+
+
+class ReaderValidation(Validation):
+    def __init__(self, rows: dict[str, Any], inputs: Inputs, reward_scale: float, gamma: float, use_f: bool, seed: int):
+        n = len(rows["reward"])
+        self.pick = np.sort(np.random.default_rng(seed).permutation(n)[:VALIDATION_ROWS])
+        self.rows, self.inputs, self.scale, self.gamma, self.use_f = rows, inputs, reward_scale, gamma, use_f
+        super().__init__()
+
+    def score(self, learners: Learners) -> float:
+        import torch
+
+        net, rows, total = learners.critic.core, self.rows, 0.0
+        dev = next(net.parameters()).device
+        net.eval()
+        try:
+            with torch.no_grad():
+                for i in range(0, len(self.pick), CHUNK):
+                    idx = self.pick[i:i + CHUNK]
+                    b = as_tensors(assemble(self.inputs, [rows["s"][j] for j in idx], [[rows["action"][j]] for j in idx],
+                                            [rows["n"][j] for j in idx]), dev)
+                    f = torch.from_numpy(rows["features"][idx][:, None, :]).to(dev) if self.use_f else None
+                    q1, q2, _, v_next = net(b, f)
+                    r = torch.from_numpy(rows["reward"][idx] * self.scale).to(dev)
+                    done = torch.from_numpy(rows["done"][idx]).to(dev)
+                    target = r + self.gamma * (1 - done) * v_next
+                    total += float((torch.minimum(q1, q2)[:, 0] - target).abs().sum())
+        finally:
+            net.train()
+        return total / max(1, len(self.pick))
+
+
+class ReaderScorer(Scorer):
+    def __init__(self, net, inputs: Inputs):
+        self.net, self.inputs = net.eval(), inputs
+        self.uses_features = bool(net.feat_mean.numel())
+
+    def ood_text(self, state) -> str:
+        """The current observation (no rendered state is embedded for this head): a situation never seen."""
+        return next((s.text for s in state.segments if s.role in ("observation", "text")), state.text)
+
+    def embed_texts(self, states, candidates) -> list[str]:
+        if not self.net.cfg.semantic:
+            return []
+        return list(dict.fromkeys([s.text for p in states for s in p.segments if s.role in EMBEDDED_ROLES]
+                                  + [c for cands in candidates for c in cands]))
+
+    def _q(self, segs: Sequence[Sequence[Seg]], candidates: Sequence[Sequence[str]], features, embed) -> np.ndarray:
+        import torch
+
+        inputs = Inputs(self.inputs.tokens, self.inputs.word, embed if self.net.cfg.semantic else None,
+                        self.inputs.sem_dim, self.inputs.state_tokens)
+        out, pos = [], 0
+        with torch.no_grad():
+            for i in range(0, len(segs), CHUNK):
+                part, cands = segs[i:i + CHUNK], candidates[i:i + CHUNK]
+                b = as_tensors(assemble(inputs, part, cands))
+                f = None
+                if self.uses_features:
+                    n = sum(len(c) for c in cands)
+                    flat = np.asarray(features[pos:pos + n], np.float32)
+                    per, k = [], 0
+                    for c in cands:
+                        per.append(flat[k:k + len(c)])
+                        k += len(c)
+                    f = torch.from_numpy(_features(per, b["k_mask"].shape[1], flat.shape[1]))
+                    pos += n
+                x = self.net.stream(b)
+                q = torch.minimum(*self.net.q(self.net.state(x, b, "s"), x, b, f))
+                out += [q[j, : len(c)].numpy() for j, c in enumerate(cands)]
+        return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+    def q(self, states, candidates, features, embed) -> np.ndarray:
+        return self._q([[(s.role, s.age, s.text) for s in p.segments] for p in states], candidates, features, embed)
+
+    def values(self, states, actions, next_states, features, embed):
+        import torch
+
+        q = self._q([[(s.role, s.age, s.text) for s in p.segments] for p in states], [[a] for a in actions],
+                    features, embed)
+        inputs = Inputs(self.inputs.tokens, self.inputs.word, embed if self.net.cfg.semantic else None,
+                        self.inputs.sem_dim, self.inputs.state_tokens)
+        vs = []
+        with torch.no_grad():
+            for group in (states, next_states):
+                segs = [[(s.role, s.age, s.text) for s in p.segments] for p in group]
+                out = []
+                for i in range(0, len(segs), CHUNK):
+                    b = as_tensors(assemble(inputs, segs[i:i + CHUNK], [[""] for _ in segs[i:i + CHUNK]]))
+                    x = self.net.stream(b)
+                    out.append(self.net.v(self.net.state(x, b, "s"), x).numpy())
+                vs.append(np.concatenate(out) if out else np.zeros(0, np.float32))
+        return q, vs[0], vs[1]
+
+
+class ReaderHead(Head):
+    kind = "reader"
+
+    def loop_config(self, cfg, data: DriverData) -> dict[str, Any]:
+        from harnessrl import storage
+        from harnessrl.algorithms.reader import ReaderConfig
+
+        r = cfg.reader
+        dim = int(data.arrays["action_emb"].shape[1])
+        word = word_embeddings(data.encoder_name)
+        network = ReaderConfig(sem_dim=dim, word_dim=int(word.shape[1]), dim=r.dim, conv_layers=r.conv_layers,
+                               heads=r.heads, segment_tokens=r.segment_tokens, state_tokens=r.state_tokens,
+                               hidden_dim=cfg.hidden_dim, semantic=r.semantic, tokens=r.tokens, match=r.match,
+                               gamma=cfg.gamma, expectile=cfg.expectile, polyak=cfg.polyak, lr=r.lr, alpha=cfg.alpha,
+                               feature_dim=data.feature_dim, bf16=cfg.precision == "bfloat16")
+        texts_dir = storage.join(data.encoded_dir, "_texts")
+        stats = None
+        if r.semantic:
+            rows = load_rows(data.ds.select_columns(list(ROW_COLUMNS)).iter_batches(batch_size=8192,
+                                                                                   batch_format="pyarrow"))
+            mean, std = role_stats(rows, table_embed(texts_dir), dim)
+            stats = {"mean": mean.tolist(), "std": std.tolist()}
+        return {"network": network.to_dict(), "encoder_name": data.encoder_name, "texts_dir": texts_dir,
+                "role_stats": stats, "batch_size": r.batch_size}
+
+    def _network(self, config: dict[str, Any]):
+        from harnessrl.algorithms.reader import ReaderConfig, ReaderNetwork
+
+        cfg = ReaderConfig(**config["network"])
+        net = ReaderNetwork(cfg)
+        stats = config.get("role_stats") or {"mean": net.sem_mean, "std": net.sem_std}
+        net.set_stats(stats["mean"], stats["std"], *(config.get("feature_stats") or (None, None)))
+        return cfg, net
+
+    def worker(self, config, shard: Iterable, val: Iterable | None, world: int, device, wrap=None) -> WorkerSetup:
+        import torch
+
+        from harnessrl.algorithms.reader import ReaderLearner
+
+        wrap = wrap or (lambda net: net.to(device))
+        rows = load_rows(shard)
+        n = len(rows["reward"])
+        if n == 0:
+            raise RuntimeError("a training worker got an empty shard")
+        cfg, net = self._network(config)
+        learners = Learners(ReaderLearner(cfg, wrap(net)))
+        embed = table_embed(config["texts_dir"]) if cfg.semantic else None
+        inputs = _inputs(cfg, config["encoder_name"], embed)
+        use_f = cfg.feature_dim > 0
+        k_extra = config["candidates_per_step"] if cfg.alpha > 0 else 0
+        per_worker = max(1, config["batch_size"] // world)
+        reward = rows["reward"] * config["reward_scale"]
+        dim_f = rows["features"].shape[1] if use_f else 0
+
+        def step(gen: torch.Generator) -> dict[str, float]:
+            idx = torch.randint(n, (per_worker,), generator=gen).tolist()
+            cands, feats = [], []
+            for i in idx:
+                picks = torch.randperm(len(rows["cand"][i]), generator=gen)[:k_extra].tolist() if k_extra else []
+                cands.append([rows["action"][i]] + [rows["cand"][i][p] for p in picks])
+                if use_f:
+                    cf = rows["cand_f"][i]
+                    feats.append([rows["features"][i]] + [cf[p] if p < len(cf) else [0.0] * dim_f for p in picks])
+            b = as_tensors(assemble(inputs, [rows["s"][i] for i in idx], cands, [rows["n"][i] for i in idx]), device)
+            f = torch.from_numpy(_features(feats, b["k_mask"].shape[1], dim_f)).to(device) if use_f else None
+            return learners.critic.update(b, torch.from_numpy(reward[idx]).to(device),
+                                          torch.from_numpy(rows["done"][idx]).to(device), f)
+
+        validation = None
+        if val is not None:
+            validation = ReaderValidation(load_rows(val), inputs, config["reward_scale"], cfg.gamma, use_f,
+                                          config["seed"])
+        return WorkerSetup(learners, step, validation)
+
+    def export(self, checkpoint_dir, config, prefix, data: DriverData) -> Exported:
+        import pyarrow as pa
+
+        from harnessrl.training_state import load_network_weights
+
+        cfg, net = self._network(config)
+        load_network_weights(checkpoint_dir, net, name=f"{prefix}state")
+        embed = table_embed(config["texts_dir"]) if cfg.semantic else None
+        scorer = ReaderScorer(net, _inputs(cfg, config["encoder_name"], embed))
+        rng = np.random.default_rng(data.seed)
+        keep = min(1.0, THRESHOLD_ROWS / max(data.n_rows, 1))
+        source = data.calibration_rows.select_columns(list(ROW_COLUMNS))
+        parts = [b.filter(pa.array(rng.random(b.num_rows) < keep)) if keep < 1 else b
+                 for b in source.iter_batches(batch_size=8192, batch_format="pyarrow")]
+        rows = load_rows(parts)
+        ok = np.flatnonzero(successful_mask(rows["outcome_success"]))
+        q = scorer._q([rows["s"][i] for i in ok], [[rows["action"][i]] for i in ok],
+                      rows["features"][ok] if scorer.uses_features else None, embed)
+        log.info("train: reader head exported (%s weights); fallback threshold from %d rows", prefix or "last", len(q))
+        lookup = embed or table_embed(config["texts_dir"])
+
+        def observations(ds):
+            found = set()
+            for b in ds.select_columns(["state_segments"]).iter_batches(batch_size=8192, batch_format="pyarrow"):
+                found.update(s["text"] for row in b.column(0).to_pylist() for s in row or () if s["role"] == "observation")
+            return lookup(sorted(found)) if found else None
+
+        return Exported(scorer, q, ood_states=observations(data.ds),
+                        ood_held_out=observations(data.calibration) if data.calibration is not None else None)
+
+    def save(self, directory, scorer: ReaderScorer) -> None:
+        from harnessrl.model_files import WEIGHTS, save_weights
+
+        save_weights(scorer.net, f"{directory}/{WEIGHTS}")
+
+    def load(self, directory, card, device=None) -> ReaderScorer:
+        from harnessrl.algorithms.reader import ReaderConfig, ReaderNetwork
+        from harnessrl.model_files import WEIGHTS, load_weights
+
+        cfg = ReaderConfig(**card.head_config)
+        net = ReaderNetwork(cfg)
+        load_weights(net, f"{directory}/{WEIGHTS}")
+        return ReaderScorer(net, _inputs(cfg, card.identity.model_name, None))

@@ -1,0 +1,146 @@
+"""The reader head (train.head: reader): its network reads details a pooled vector blurs, it trains
+through the shared IQL objective, and a critic of it round-trips through export, `Critic.load` and
+the service with equal scores; its fallback and OOD flags are calibrated on held-out tasks."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from harnessrl.algorithms.reader import ReaderConfig, ReaderNetwork
+from harnessrl.encoders import BUILTIN_MINILM
+
+WORD_DIM = 384
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    from harnessrl.heads.reader import _inputs
+
+    return _inputs(ReaderConfig(), BUILTIN_MINILM, None)
+
+
+def _batch(inputs, states, candidates):
+    from harnessrl.heads.reader_inputs import as_tensors, assemble
+
+    return as_tensors(assemble(inputs, states, candidates))
+
+
+def test_the_batch_holds_each_distinct_text_once_and_indexes_states_into_it(inputs):
+    from harnessrl.heads.reader_inputs import assemble
+
+    shared = ("task", 0, "Walk to the goal.")
+    states = [[shared, ("observation", 0, "row 1, column 2")], [shared, ("observation", 0, "row 2, column 1")]]
+    b = assemble(inputs, states, [["go north", "go west"], ["go north"]])
+    ids = inputs.tokens(["Walk to the goal.", "row 1, column 2", "row 2, column 1", "go north", "go west"])
+    assert b["x_mask"].sum() == sum(len(x) for x in ids)  # every distinct text once, a separator after each
+    first = b["s_idx"][0][b["s_mask"][0]]
+    assert (b["s_idx"][1][: len(ids[0])] == first[: len(ids[0])]).all()  # the task is shared, not copied
+    assert b["k_mask"].tolist() == [[True, True], [True, False]]
+    assert (b["c_ids"][0, 0][b["c_mask"][0, 0]] == ids[3]).all()
+
+
+def test_match_finds_the_candidates_words_in_the_state(inputs):
+    torch.manual_seed(0)
+    net = ReaderNetwork(ReaderConfig(semantic=False, tokens=False, match=True, feature_dim=0))
+    b = _batch(inputs, [[("task", 0, "take the red apple"), ("observation", 0, "a kitchen")]],
+               [["take red apple", "take blue pen"]])
+    x = net.stream(b)
+    st = net.state(x, b, "s")
+    feats = net.match(x[b["c_idx"]], b, st, net.tokens_of(x, st))  # (1, K, 2 * roles)
+    task_exact = feats[0, :, 1].detach().tolist()  # the task role's exact-match share
+    assert task_exact[0] == pytest.approx(1.0) and task_exact[1] == pytest.approx(1 / 3)
+
+
+def test_the_saved_weights_leave_the_word_table_to_the_encoder(tmp_path):
+    from safetensors.torch import load_file
+
+    from harnessrl.model_files import save_weights
+
+    net = ReaderNetwork(ReaderConfig())
+    save_weights(net, tmp_path / "w.safetensors")
+    saved = load_file(str(tmp_path / "w.safetensors"))
+    assert not any(v.numel() >= 30_000 * WORD_DIM for v in saved.values())
+    assert {"sem_mean", "sem_std", "feat_mean", "feat_std"} <= set(saved)
+
+
+def test_tokens_tell_apart_states_that_differ_in_one_number(inputs, torch_one_thread):
+    """Two grid states whose sentence embeddings nearly coincide and whose best moves are opposite:
+    the token path learns to rank them (a supervised check of what it can read)."""
+    states = [[("task", 0, "Reach the goal."), ("observation", 0, f"You are at row {r}, column {c} of the lake.")]
+              for r, c in ((1, 2), (2, 1), (3, 4), (4, 3))]
+    candidates = [["go east", "go south"]] * 4
+    gold = [0, 1, 0, 1]
+    torch.manual_seed(0)
+    net = ReaderNetwork(ReaderConfig(semantic=False, tokens=True, match=False, dim=32, heads=2, hidden_dim=32))
+    b, y = _batch(inputs, states, candidates), torch.tensor(gold)
+
+    def logits():
+        x = net.stream(b)
+        return torch.minimum(*net.q(net.state(x, b, "s"), x, b))
+
+    opt = torch.optim.Adam(net.parameters(), 3e-3)
+    for _ in range(150):
+        loss = torch.nn.functional.cross_entropy(logits(), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        assert logits().argmax(1).tolist() == gold
+
+
+@pytest.mark.integration
+def test_a_reader_critic_trains_exports_loads_and_serves_with_equal_scores(ray_local, harnessrl_home, tmp_path):
+    import httpx
+
+    from harnessrl.config import parse_pipeline
+    from harnessrl.critic import Critic
+    from harnessrl.examples import tabular as T
+    from harnessrl.jobs.evaluate import evaluate
+    from harnessrl.jobs.pipeline import run_pipeline
+    from harnessrl.model_files import load_critic_files
+    from harnessrl.rewards import load_recipe
+    from harnessrl.serving import app as serving
+
+    mdp = T.build("frozenlake", "a")
+    weights = load_recipe("default").model_dump()
+    logs, heldout = tmp_path / "train.jsonl", tmp_path / "heldout.jsonl"
+    for path, seed, n in ((logs, 0, 160), (heldout, 1, 60)):
+        path.write_text("".join(json.dumps(e) + "\n" for e in mdp.episodes(n, seed, 0.3, 0.95, weights, 25)))
+    cfg = parse_pipeline({"name": "reader-it", "output_dir": str(tmp_path / "run"), "data": {"train": [str(logs)]},
+                          "train": {"head": "reader", "steps": 120, "log_every": 60, "checkpoint_every": 120,
+                                    "validation_fraction": 0.2, "reader": {"batch_size": 32}},
+                          "serve": {"enabled": False}, "registry": {"model_name": "reader-it"}})
+    assert cfg.encoder.segments is True and cfg.encoder.state_texts is False
+    summary = run_pipeline(cfg)
+    critic = Critic.load(summary["model"]["uri"])
+    assert critic.card.head == "reader" and critic.card.ood is not None and critic.threshold is not None
+
+    states = [{"task": mdp.task_text, "history": [], "observation": mdp.observation(s)} for s in mdp.reachable[:5]]
+    local = [critic.score(s, list(mdp.actions)) for s in states]
+    scorer, card = load_critic_files(tmp_path / "run" / "model")
+    again = Critic(scorer, card, encoder=critic._encoder)
+    assert np.allclose([again.score(s, list(mdp.actions)) for s in states], local, atol=1e-5)
+
+    from conftest import free_port
+
+    url = serving.start(summary["model"]["uri"], "127.0.0.1", free_port())
+    try:
+        with httpx.Client(base_url=url, timeout=60) as http:
+            for state, expect in zip(states, local):
+                body = http.post("/v1/score", json={"agent_id": "it", "state": state, "candidates": list(mdp.actions)})
+                assert body.status_code == 200, body.text
+                assert np.allclose(body.json()["scores"], expect, atol=1e-5)
+    finally:
+        serving.stop()
+
+    # calibrated on held-out task groups: fresh episodes of the same task get the configured share of
+    # fallbacks on the steps of successful episodes and almost no OOD flags
+    result = evaluate(summary["model"]["uri"], [str(heldout)], "native", str(tmp_path / "eval"), None,
+                      log_to_mlflow=False, include_seen=True)
+    m = result.metrics
+    assert abs(m["fallback_rate_success_steps"] - m["fallback_quantile"]) <= 0.05, m
+    assert m["ood_rate"] <= 0.05, m

@@ -1,0 +1,82 @@
+"""The state as segments (render.state_segments), what the reader head reads: what a state keeps,
+and that training (the transitions stage) and serving (a request's history, rebuilt) give the same
+segments and history features."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from harnessrl import schemas
+from harnessrl.config import RenderConfig
+from harnessrl.render import EMBEDDED_ROLES, Renderer, Segment, Turn, state_segments
+from harnessrl.rewards import RewardRecipe
+from harnessrl.transitions import episode_transitions
+
+HISTORY = [Turn("read cookbook", "Ingredients: red potato, salt. Directions: dice the red potato."),
+           Turn("take knife", "You take the knife."), Turn("move east", "You are in the kitchen."),
+           Turn("open fridge", "The fridge holds a red potato."), Turn("take knife", "You take the knife."),
+           Turn("look", "You are in the kitchen.")]
+
+
+def _roles(segs) -> list[str]:
+    return [s.role for s in segs]
+
+
+def test_a_state_keeps_task_observation_last_action_results_and_the_actions_taken():
+    segs = state_segments("Cook a meal.", HISTORY, "You are in the kitchen.")
+    assert _roles(segs) == ["task", "observation", "last", "result", "result", "result", "actions"]
+    assert segs[2] == Segment("last", 1, "look")
+    results = [s for s in segs if s.role == "result"]
+    # distinct results not already shown (the observation repeats "You are in the kitchen."), newest first
+    assert [s.age for s in results] == [2, 3, 6]
+    assert results[-1].text.startswith("read cookbook: Ingredients: red potato")
+    assert segs[-1].text == "read cookbook; take knife (x2); move east; open fridge; look"
+
+
+def test_old_long_results_outlive_newer_short_ones_within_the_budget():
+    """No pin list: a recipe read long ago stays while the window of newest results moves on."""
+    history = [Turn("read recipe", "a long recipe " * 20)] + [Turn(f"step {i}", f"short {i}") for i in range(8)]
+    cfg = RenderConfig(memory_results=3, memory_newest=2)
+    results = [s for s in state_segments("t", history, "now", cfg) if s.role == "result"]
+    assert [s.age for s in results] == [1, 2, 9]
+    assert results[-1].text.startswith("read recipe: a long recipe")
+
+
+def test_segments_are_cut_and_empty_ones_left_out():
+    segs = state_segments("", [Turn("read", "x" * 5000)], "   ", RenderConfig(segment_chars=100, memory_actions=False))
+    assert _roles(segs) == ["last", "result"] and len(segs[1].text) == 100 and segs[1].text.endswith("...")
+    assert state_segments("t", [], "o") == (Segment("task", 0, "t"), Segment("observation", 0, "o"))
+
+
+def test_a_rendered_text_request_is_its_one_segment():
+    parsed = Renderer().parse("Task: t\nNow: o")
+    assert parsed.segments == (Segment("text", 0, "Task: t\nNow: o"),) and "text" in EMBEDDED_ROLES
+    assert Renderer().parse(parsed) is parsed  # parsed states pass through (evaluation rows)
+
+
+OBS = ["You are in the hall.", "Ingredients: red potato.", "You take the knife.", "You are in the kitchen.",
+       "You take the knife."]
+ACTIONS = ["read cookbook", "take knife", "move east", "take knife", "eat meal"]
+
+
+@pytest.mark.parametrize("settings", [{}, {"memory_results": 1, "memory_newest": 0, "memory_actions": False},
+                                      {"tool_from": "first_word", "window": 1}])
+def test_serving_rebuilds_the_segments_and_features_training_saw(settings):
+    episode = {"episode_id": "e", "task_id": "t", "group_id": "g", "task_text": "Cook a meal.", "terminated": True,
+               "outcome_success": True, "tool_definitions": "[]"}
+    steps = [{"episode_id": "e", "step_idx": i, "obs_text": OBS[i], "action_text": a,
+              "candidates": [a, "look", "inventory"], "terminated": i == len(ACTIONS) - 1}
+             for i, a in enumerate(ACTIONS)]
+    renderer = Renderer(RenderConfig(**settings))
+    rows = episode_transitions(episode, steps, RewardRecipe(), renderer)
+    pa.Table.from_pylist([{**r, "reward_components": list(r["reward_components"].items())} for r in rows],
+                         schema=schemas.TRANSITIONS)  # the table's schema holds them
+    for t, row in enumerate(rows):
+        request = {"task": "Cook a meal.", "observation": OBS[t],
+                   "history": [{"action": ACTIONS[i], "observation": OBS[i + 1]} for i in range(t)]}
+        parsed = renderer.parse(request)
+        assert [{"role": s.role, "age": s.age, "text": s.text} for s in parsed.segments] == row["state_segments"]
+        assert renderer.features(parsed.history, parsed.observation, [ACTIONS[t]])[0] == row["features"]
+        if t + 1 < len(rows):
+            assert row["next_state_segments"] == rows[t + 1]["state_segments"]
