@@ -92,6 +92,9 @@ def start_cluster(cpus_per_node: int = 2) -> Cluster:
           "--dashboard-port", str(dash), "--include-dashboard", "true", "--ray-client-server-port", str(free_port()),
           "--temp-dir", temp_dir, *common, *_agent_ports()], env)
     cluster = Cluster(f"{HEAD_IP}:{port}", f"http://127.0.0.1:{dash}", temp_dir, env)
+    # Ray's clients take RAY_API_SERVER_ADDRESS over the address they are given; a local ray.init
+    # of this test session has set it to its own dashboard
+    env["RAY_API_SERVER_ADDRESS"] = cluster.dashboard_url
     try:
         # Its own temp dir: two nodes sharing one would share runtime_resources/, and each node's
         # runtime-env agent deletes the other's unpacked working dirs as unused (a job's cwd vanished).

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from harnessrl.model_card import ModelCard, OODCard
 from harnessrl.model_files import load_ood_reference, save_ood_reference
 from harnessrl.ood import MIN_THRESHOLD, fit_reference, is_ood
 
@@ -32,6 +33,7 @@ def test_small_corpus_uses_leave_one_out_and_floor():
 def test_reference_round_trip(tmp_path):
     ref, threshold = fit_reference(_cluster(100))
     save_ood_reference(tmp_path, ref)
-    loaded, t = load_ood_reference(tmp_path, {"ood": {"threshold": threshold}})
+    card = ModelCard(head_config={}, encoder={}, ood=OODCard(threshold=threshold, n_reference=len(ref)))
+    loaded, t = load_ood_reference(tmp_path, card)
     assert t == threshold and np.allclose(loaded, ref, atol=1e-2)
-    assert load_ood_reference(tmp_path, {}) is None
+    assert load_ood_reference(tmp_path, card.model_copy(update={"ood": None})) is None

@@ -97,6 +97,8 @@ def api_client(kind: str, address: str | None):
     from pathlib import Path
 
     url = job_api_url(address)
+    # Ray's clients take RAY_API_SERVER_ADDRESS over the URL they are given (harnessrl.ray_runtime.init_ray sets it)
+    os.environ["RAY_API_SERVER_ADDRESS"] = url
     if "RAY_AUTH_MODE" not in os.environ and (os.environ.get("RAY_AUTH_TOKEN")
                                               or (Path.home() / ".ray" / "auth_token").is_file()):
         os.environ["RAY_AUTH_MODE"] = "token"
