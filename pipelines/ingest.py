@@ -11,7 +11,7 @@ an empty file is reported as `empty`. Some records are quarantined before any re
 a line longer than `max_line_bytes` (`line_too_long`: skipped as it is read, never held whole)
 and the unreadable rest of a `.gz` that stops decompressing (`corrupt_file`: one row, after the
 records read before the fault; the other files go on). Readers get each file's content digest,
-from which formats whose exports often carry no id derive one (formats/common.py).
+from which formats whose exports often carry no id derive one (formats/header.py).
 
 Memory does not grow with the corpus (bench/ingest.py): files are read in pieces, records move in
 blocks of RECORDS_PER_BLOCK, parsed blocks are staged on disk rather than held, and only one key

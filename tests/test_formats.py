@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harnessrl.formats import anthropic, atif, openai_chat, openai_responses
-from harnessrl.formats.common import Flag
 from harnessrl.formats.detect import EMPTY, FORMATS, PARSERS, UNKNOWN, classify, detect_format
+from harnessrl.formats.flags import Flag
 from harnessrl.formats.native import MAX_FIELD_CHARS, ParsedEpisode, Quarantined, Reason, stable_episode_id
 from harnessrl.schemas import EPISODES, STEPS
 

@@ -3,7 +3,7 @@
 Record: {"id" (or "episode_id"), "messages": [...], "system"?: str | text blocks, "tools"?,
 "model"?, "outcome"?, "metadata"?}. Episode id: `stable_episode_id("anthropic", id)`; a record
 without an id gets one derived from its file and line, flagged `derived_episode_id`.
-Shared rules: `formats/common.py`. Specific to this format:
+Shared rules: `formats/boundary.py`. Specific to this format:
 
 - an assistant message is one step: `tool_use` (and `server_tool_use`) blocks are its calls
   (`input` object -> sorted JSON text), `text` blocks its answer, `thinking` blocks its reasoning;
@@ -19,24 +19,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from harnessrl.formats.common import (
+from harnessrl.formats.boundary import parse_with
+from harnessrl.formats.events import Decided, Event, Returned, Said
+from harnessrl.formats.fields import (
     Bad,
     Ctx,
-    Decided,
-    Event,
-    Flag,
-    Header,
-    Returned,
-    Said,
     as_object,
     error_flag,
-    parse_with,
     pick,
-    read_header,
     required_list,
     role_of,
     str_or_none,
 )
+from harnessrl.formats.flags import Flag
+from harnessrl.formats.header import Header, read_header
 from harnessrl.formats.native import ParsedEpisode, Quarantined, Reason
 
 SOURCE_FORMAT = "anthropic"

@@ -6,7 +6,7 @@ wild: `trajectory_id`, `agent.tool_definitions`, message/content as a list of co
 
 Episode id: `stable_episode_id("atif", session_id)` (`trajectory_id` when there is no session_id).
 `schema_version` other than ATIF-v1.x is quarantined (`unsupported_version`); a missing one is
-accepted. Shared rules: `formats/common.py`. Specific to this format:
+accepted. Shared rules: `formats/boundary.py`. Specific to this format:
 
 - `system` steps before the first agent step: the system prompt; the first `user` step: the task;
   later user/system messages (and system-step observations): `obs_text` of the next agent step.
@@ -28,26 +28,21 @@ import json
 import re
 from typing import Any
 
-from harnessrl.formats.common import (
+from harnessrl.formats.boundary import parse_with
+from harnessrl.formats.events import Decided, Event, Feedback, Returned, Said
+from harnessrl.formats.fields import (
     Bad,
     Ctx,
-    Decided,
-    Event,
-    Feedback,
-    Flag,
-    Header,
-    Returned,
-    Said,
     as_object,
     error_flag,
     label,
     optional_list,
-    parse_with,
     pick,
-    read_header,
     required_list,
     role_of,
 )
+from harnessrl.formats.flags import Flag
+from harnessrl.formats.header import Header, read_header
 from harnessrl.formats.native import ParsedEpisode, Quarantined, Reason
 
 SOURCE_FORMAT = "atif"

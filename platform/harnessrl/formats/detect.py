@@ -17,7 +17,7 @@ from typing import Any
 from harnessrl.formats import anthropic, atif, native, openai_chat, openai_responses
 from harnessrl.formats.native import ParsedEpisode, Quarantined
 
-# (line, source_uri, line_no, source_digest) -> an episode or a quarantine; see formats/common.py
+# (line, source_uri, line_no, source_digest) -> an episode or a quarantine; see formats/boundary.py
 Parser = Callable[[bytes, str, int, "str | None"], "ParsedEpisode | Quarantined"]
 
 PARSERS: dict[str, Parser] = {

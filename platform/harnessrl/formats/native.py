@@ -30,7 +30,7 @@ class Reason:
     WRONG_TYPE = "wrong_type"
     DUPLICATE_EPISODE_ID = "duplicate_episode_id"
     NON_FINITE_NUMBER = "non_finite_number"  # NaN, Infinity or a number too large for a float (reward, score)
-    # Used by the other readers (formats/common.py, formats/detect.py):
+    # Used by the other readers (formats/boundary.py, formats/detect.py):
     UNSUPPORTED_VERSION = "unsupported_version"  # e.g. an ATIF schema_version other than ATIF-v1.x
     UNKNOWN_FORMAT = "unknown_format"  # a record whose shape no reader recognises
     PARSER_ERROR = "parser_error"  # a reader bug caught at the boundary; tests assert it never happens

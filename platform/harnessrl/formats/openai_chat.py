@@ -4,7 +4,7 @@ Record: {"id" (or "episode_id"), "messages": [...], "tools"?, "model"?, "outcome
 Episode id: `stable_episode_id("openai-chat", id)`; a record without an id (exported
 conversations, fine-tuning files) gets one derived from its file and line, flagged
 `derived_episode_id`. The mapping rules shared with the other
-conversation readers are in `formats/common.py`; what is specific to this format:
+conversation readers are in `formats/boundary.py`; what is specific to this format:
 
 - system/developer messages before the first assistant turn: the system prompt; the first user
   message: the task; later user/system messages: `obs_text` of the next step.
@@ -26,23 +26,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from harnessrl.formats.common import (
+from harnessrl.formats.boundary import parse_with
+from harnessrl.formats.events import Decided, Event, Returned, Said
+from harnessrl.formats.fields import (
     Ctx,
-    Decided,
-    Event,
-    Flag,
-    Header,
-    Returned,
-    Said,
     as_object,
     error_flag,
     optional_list,
-    parse_with,
     pick,
-    read_header,
     required_list,
     role_of,
 )
+from harnessrl.formats.flags import Flag
+from harnessrl.formats.header import Header, read_header
 from harnessrl.formats.native import ParsedEpisode, Quarantined
 
 SOURCE_FORMAT = "openai-chat"

@@ -3,7 +3,8 @@
 Record: {"id" (or "episode_id"), "input": str | [items], "items"?: [items], "output"?: [items],
 "instructions"?, "tools"?, "model"?, "outcome"?, "metadata"?}; the three item lists are read in
 that order. Episode id: `stable_episode_id("openai-responses", id)`; a record without an id gets
-one derived from its file and line, flagged `derived_episode_id`. Shared rules: `formats/common.py`.
+one derived from its file and line, flagged `derived_episode_id`.
+Shared rules: `formats/boundary.py`.
 
 Items are flat, so a decision is a run of consecutive model-side items (`reasoning`, assistant
 `message`, `function_call`) with no input item between them: parallel function calls and the
@@ -18,23 +19,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from harnessrl.formats.common import (
+from harnessrl.formats.boundary import parse_with
+from harnessrl.formats.events import Decided, Event, Returned, Said
+from harnessrl.formats.fields import (
     Bad,
     Ctx,
-    Decided,
-    Event,
-    Flag,
-    Header,
-    Returned,
-    Said,
     as_object,
     error_flag,
     optional_list,
-    parse_with,
-    read_header,
     role_of,
     str_or_none,
 )
+from harnessrl.formats.flags import Flag
+from harnessrl.formats.header import Header, read_header
 from harnessrl.formats.native import ParsedEpisode, Quarantined, Reason
 
 SOURCE_FORMAT = "openai-responses"
