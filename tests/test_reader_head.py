@@ -13,6 +13,8 @@ import torch
 from harnessrl.algorithms.reader import ReaderConfig, ReaderNetwork
 from harnessrl.encoders import BUILTIN_MINILM
 
+from conftest import free_port, import_bench
+
 WORD_DIM = 384
 
 
@@ -111,7 +113,7 @@ def test_a_reader_critic_trains_exports_loads_and_serves_with_equal_scores(ray_l
     for path, seed, n in ((logs, 0, 160), (heldout, 1, 60)):
         path.write_text("".join(json.dumps(e) + "\n" for e in mdp.episodes(n, seed, 0.3, 0.95, weights, 25)))
     cfg = parse_pipeline({"name": "reader-it", "output_dir": str(tmp_path / "run"), "data": {"train": [str(logs)]},
-                          "train": {"head": "reader", "steps": 120, "log_every": 60, "checkpoint_every": 120,
+                          "train": {"head": "reader", "steps": 400, "log_every": 200, "checkpoint_every": 400,
                                     "validation_fraction": 0.2, "reader": {"batch_size": 32}},
                           "serve": {"enabled": False}, "registry": {"model_name": "reader-it"}})
     assert cfg.encoder.segments is True and cfg.encoder.state_texts is False
@@ -119,13 +121,21 @@ def test_a_reader_critic_trains_exports_loads_and_serves_with_equal_scores(ray_l
     critic = Critic.load(summary["model"]["uri"])
     assert critic.card.head == "reader" and critic.card.ood is not None and critic.threshold is not None
 
+    # the CI size of bench/tabular.py: the greedy choice is mostly optimal under Q*, far above chance
+    tabular = import_bench("tabular")
+    episodes = [json.loads(line) for line in logs.read_text().splitlines()]
+    asked = tabular.queries(mdp, episodes, 100, seed=0)
+    Q = mdp.q_star(cfg.train.gamma, weights)
+    for kind in ("empty", "history"):
+        r = tabular.score_states(critic, mdp, Q, asked[kind])
+        assert r["optimal"] >= 0.75 and r["optimal"] >= r["random_optimal"] + 0.3 and r["spearman"] >= 0.4, (kind, r)
+
     states = [{"task": mdp.task_text, "history": [], "observation": mdp.observation(s)} for s in mdp.reachable[:5]]
     local = [critic.score(s, list(mdp.actions)) for s in states]
     scorer, card = load_critic_files(tmp_path / "run" / "model")
     again = Critic(scorer, card, encoder=critic._encoder)
     assert np.allclose([again.score(s, list(mdp.actions)) for s in states], local, atol=1e-5)
 
-    from conftest import free_port
 
     url = serving.start(summary["model"]["uri"], "127.0.0.1", free_port())
     try:

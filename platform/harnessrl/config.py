@@ -137,9 +137,11 @@ class ReaderHeadConfig(_Strict):
     """The reader head (train.head: reader): Q and V over the state's segments (harnessrl.heads.reader)."""
 
     semantic: bool = Field(True, description="each segment's frozen sentence embedding, standardised per role")
-    tokens: bool = Field(True, description="the token path: the encoder's word embeddings, a small convolution, the "
-                                           "candidate attending over the state's tokens")
-    match: bool = Field(True, description="how well the candidate's tokens are found in each role's tokens")
+    # Off by default: on TWX and the tabular tasks they bought nothing over the semantic path and
+    # cost ~10x its training time (issue 24's closing note)
+    tokens: bool = Field(False, description="the token path: the encoder's word embeddings, a small convolution, the "
+                                            "candidate attending over the state's tokens")
+    match: bool = Field(False, description="how well the candidate's tokens are found in each role's tokens")
     dim: int = Field(128, ge=8, description="width of the token path and of the attention")
     conv_layers: int = Field(1, ge=0, le=8)
     heads: int = Field(4, ge=1, description="attention heads (dim must be a multiple)")
