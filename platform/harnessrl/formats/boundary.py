@@ -43,6 +43,7 @@ from harnessrl.formats.native import (
     ParsedEpisode,
     Quarantined,
     Reason,
+    load_record,
     stable_episode_id,
 )
 
@@ -87,21 +88,6 @@ def build_episode(fmt: str, header: Header, conv: Conversation, ctx: Ctx, source
         "lost_fields": ctx.lost,
     }
     return ParsedEpisode(episode, steps, header.outcome)
-
-
-def load_record(line: bytes) -> dict[str, Any] | Quarantined:
-    """Bytes -> a JSON object, or the reason why not (same reasons as the native reader)."""
-    try:
-        text = line.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return Quarantined(Reason.INVALID_UTF8, f"byte {exc.start}: {exc.reason}")
-    try:
-        record = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        return Quarantined(Reason.INVALID_JSON, (str(exc) or type(exc).__name__)[:200])
-    if not isinstance(record, dict):
-        return Quarantined(Reason.NOT_AN_OBJECT, f"top level is {type(record).__name__}")
-    return record
 
 
 Convert = Callable[[dict[str, Any], Ctx], tuple[Header, list[tuple[str, Event]]]]

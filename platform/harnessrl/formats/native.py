@@ -236,10 +236,8 @@ def _episode(record: dict[str, Any], source_uri: str, line_no: int) -> ParsedEpi
     return ParsedEpisode(episode, steps, record.get("outcome"))
 
 
-def parse_line(line: bytes, source_uri: str, line_no: int, source_digest: str | None = None
-               ) -> ParsedEpisode | Quarantined:
-    """One native JSONL line -> an episode with its steps, or a quarantine reason. `source_digest`
-    (the file's content digest) is not used: a native record must name its episode_id."""
+def load_record(line: bytes) -> dict[str, Any] | Quarantined:
+    """Bytes -> a JSON object, or the reason why not (every reader's first step)."""
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -250,6 +248,16 @@ def parse_line(line: bytes, source_uri: str, line_no: int, source_digest: str | 
         return Quarantined(Reason.INVALID_JSON, (str(exc) or type(exc).__name__)[:200])
     if not isinstance(record, dict):
         return Quarantined(Reason.NOT_AN_OBJECT, f"top level is {type(record).__name__}")
+    return record
+
+
+def parse_line(line: bytes, source_uri: str, line_no: int, source_digest: str | None = None
+               ) -> ParsedEpisode | Quarantined:
+    """One native JSONL line -> an episode with its steps, or a quarantine reason. `source_digest`
+    (the file's content digest) is not used: a native record must name its episode_id."""
+    record = load_record(line)
+    if isinstance(record, Quarantined):
+        return record
     try:
         return _episode(record, source_uri, line_no)
     except _Bad as bad:
