@@ -13,7 +13,7 @@ import torch
 from harnessrl.algorithms.reader import ReaderConfig, ReaderNetwork
 from harnessrl.encoders import BUILTIN_MINILM
 
-from conftest import free_port, import_bench
+from conftest import free_port
 
 WORD_DIM = 384
 
@@ -120,15 +120,6 @@ def test_a_reader_critic_trains_exports_loads_and_serves_with_equal_scores(ray_l
     summary = run_pipeline(cfg)
     critic = Critic.load(summary["model"]["uri"])
     assert critic.card.head == "reader" and critic.card.ood is not None and critic.threshold is not None
-
-    # the CI size of bench/tabular.py: the greedy choice is mostly optimal under Q*, far above chance
-    tabular = import_bench("tabular")
-    episodes = [json.loads(line) for line in logs.read_text().splitlines()]
-    asked = tabular.queries(mdp, episodes, 100, seed=0)
-    Q = mdp.q_star(cfg.train.gamma, weights)
-    for kind in ("empty", "history"):
-        r = tabular.score_states(critic, mdp, Q, asked[kind])
-        assert r["optimal"] >= 0.75 and r["optimal"] >= r["random_optimal"] + 0.3 and r["spearman"] >= 0.4, (kind, r)
 
     states = [{"task": mdp.task_text, "history": [], "observation": mdp.observation(s)} for s in mdp.reachable[:5]]
     local = [critic.score(s, list(mdp.actions)) for s in states]
