@@ -196,3 +196,11 @@ class Head(ABC):
 def successful_mask(outcome_success: np.ndarray) -> np.ndarray:
     """Rows of successful episodes; all rows when no episode succeeded."""
     return outcome_success if outcome_success.any() else np.ones(len(outcome_success), bool)
+
+
+def shard_size(rows: dict) -> int:
+    """The rows in a worker's shard; a shard with none is a bug of the split, said as one."""
+    n = len(rows["reward"])
+    if n == 0:
+        raise RuntimeError("a training worker got an empty shard")
+    return n

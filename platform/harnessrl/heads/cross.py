@@ -15,7 +15,8 @@ from typing import Any, Iterable
 import numpy as np
 import pyarrow as pa
 
-from harnessrl.heads.base import DriverData, Exported, Head, Learners, Scorer, Validation, WorkerSetup, successful_mask
+from harnessrl.heads.base import (DriverData, Exported, Head, Learners, Scorer, Validation, WorkerSetup, shard_size,
+                                  successful_mask)
 from harnessrl.transitions import untaken_candidates
 
 log = logging.getLogger(__name__)
@@ -142,9 +143,7 @@ class CrossHead(Head):
 
         wrap = wrap or (lambda net: net.to(device))
         rows = load_text_rows(shard)
-        n = len(rows["reward"])
-        if n == 0:
-            raise RuntimeError("a training worker got an empty shard")
+        n = shard_size(rows)
         cfg, net, tokenizer = self._network(config)
         if cfg.feature_dim:
             net.set_feature_stats(*config["feature_stats"])

@@ -15,7 +15,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from harnessrl.errors import DataError
-from harnessrl.heads.base import DriverData, Exported, Head, Learners, Scorer, Validation, WorkerSetup, successful_mask
+from harnessrl.heads.base import (DriverData, Exported, Head, Learners, Scorer, Validation, WorkerSetup, shard_size,
+                                  successful_mask)
 
 CHUNK = 8192  # rows per forward pass when scoring the whole dataset
 
@@ -136,9 +137,7 @@ class FrozenHead(Head):
 
         wrap = wrap or (lambda net: net.to(device))
         data = load_arrays(shard)
-        n = len(data["reward"])
-        if n == 0:
-            raise RuntimeError("a training worker got an empty shard")
+        n = shard_size(data)
         cfg = IQLConfig(**config["network"])
         net = IQLNetwork(cfg)
         if cfg.feature_dim:

@@ -17,7 +17,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from harnessrl.errors import DataError
-from harnessrl.heads.base import DriverData, Exported, Head, Learners, Scorer, Validation, WorkerSetup, successful_mask
+from harnessrl.heads.base import (DriverData, Exported, Head, Learners, Scorer, Validation, WorkerSetup, shard_size,
+                                  successful_mask)
 from harnessrl.heads.reader_inputs import Inputs, Seg, Tokens, as_tensors, assemble
 from harnessrl.render import EMBEDDED_ROLES
 from harnessrl.transitions import untaken_candidates
@@ -283,9 +284,7 @@ class ReaderHead(Head):
 
         wrap = wrap or (lambda net: net.to(device))
         rows = load_rows(shard)
-        n = len(rows["reward"])
-        if n == 0:
-            raise RuntimeError("a training worker got an empty shard")
+        n = shard_size(rows)
         cfg, net = self._network(config)
         learners = Learners(ReaderLearner(cfg, wrap(net)))
         embed = table_embed(config["texts_dir"]) if cfg.semantic else None
