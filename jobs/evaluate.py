@@ -103,6 +103,7 @@ def calibration(critic, rows: list[dict], q: np.ndarray) -> dict[str, float]:
     if critic.threshold is not None and ok.any():
         out["fallback_rate_success_steps"] = float(np.mean(q[ok] < critic.threshold))
         out["fallback_quantile"] = float(critic.card.fallback_quantile)
+        out["success_steps"] = float(ok.sum())
     if critic.ood_reference is not None and rows:
         flags = critic.out_of_distribution([row_state(r) for r in rows])
         out["ood_rate"] = float(np.mean([bool(f) for f in flags]))
