@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl import registry
+from harnessrl.errors import HarnessError
 from harnessrl.metrics import wilson_interval
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -878,4 +879,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except HarnessError as exc:  # a missing model, a bad --set: say what, without a stack trace
+        print(f"twx: error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)

@@ -37,7 +37,8 @@ AGAIN = "+again"  # suffix: on a fallback answer the agent proposes once more
 AGENTS = ("careful", "mistaken", "flailing")
 DEFAULT_AGENTS = ("mistaken",)  # the low-first-pass stand-in of the targets
 DEFAULT_K = (4,)
-PRIOR_WEIGHTS = (0.03, 0.1, 0.3, 1.0, 3.0)  # the sweep's grid for agent+critic+prior
+PRIOR_WEIGHTS = (0.3, 1.0, 3.0, 10.0, 30.0, 100.0)  # the sweep's grid for agent+critic+prior: scores are
+# in reward units (bundled-log critic, mistaken K=4: median spread over a step's proposals 20, logprobs 1.1)
 TOP_INSTEAD = 3  # (expert, taken instead) pairs kept per cell
 
 
