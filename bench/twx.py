@@ -717,19 +717,21 @@ def run(args: argparse.Namespace) -> dict:
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="twx-bench-"))
     work.mkdir(parents=True, exist_ok=True)
 
+    # a given critic is looked up before Ray starts: a missing one is a one-line error, not a cluster start
+    model_uri = registry.model_uri(args.model, "--model") if args.model else None
+    card = model_card(model_uri) if model_uri else None
+
     import ray
 
     owns_ray = not ray.is_initialized()
     init_ray()
-    model_uri, encoded = None, args.encoded
+    encoded = args.encoded
     need_model = any(base_scorer(s) == "critic" for s in scorers) or bool(
         rr and any(rerank.uses_critic(s) for s in rr["scorers"]))
     need_bc = sorted({base_scorer(s) for s in scorers if s.startswith("bc")}
                      | ({"bc"} if rr and "agent+bc" in rr["scorers"] else set()))
     training = None
-    if args.model:
-        model_uri = registry.model_uri(args.model, "--model")
-    elif need_model or (need_bc and not encoded):
+    if not model_uri and (need_model or (need_bc and not encoded)):
         t0 = time.time()
         model_uri, out, summary = train_critic(args, work)
         training = {k: summary.get(k) for k in ("train", "model", "seconds")}
@@ -750,7 +752,7 @@ def run(args: argparse.Namespace) -> dict:
         # BC sees what the critic sees: its render settings and its head's inputs when there is one
         # (trained here or given), else the quickstart's with this run's overrides
         if model_uri:
-            card = model_card(model_uri)
+            card = card or model_card(model_uri)  # read above when given, else the one trained here
             render_cfg, head, paths = card.render, card.head, card.head_config
         else:
             pipe = load_pipeline(ROOT / "pipelines" / "quickstart.yaml", args.set)

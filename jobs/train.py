@@ -264,7 +264,7 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
         "head": head.kind, "head_config": loop_config["network"], "reward_scale": scale,
         "ood": OODCard(threshold=ood_threshold, n_reference=len(reference)) if reference is not None else None,
         "feature_names": list(FEATURE_NAMES) if feature_dim else [], "fallback_threshold": threshold,
-        "fallback_quantile": cfg.fallback_quantile, "fallback_rows": int(len(q)), "tool_vocab": head_config.get("tool_vocab", []),
+        "fallback_quantile": cfg.fallback_quantile, "fallback_rows": len(q), "tool_vocab": head_config.get("tool_vocab", []),
         "train_metrics": metrics})
     save_critic(model_dir, exported.scorer, card, tool_head=exported.tool_head)
     if reference is not None:

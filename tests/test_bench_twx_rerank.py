@@ -180,6 +180,23 @@ def test_command_line_of_the_rerank_protocol():
         assert exc.value.code == 2, bad
 
 
+def test_a_missing_model_is_one_line_and_its_exit_code_before_ray_starts(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "twx.py"
+    env = {**os.environ, "HARNESSRL_HOME": str(tmp_path / "home"), "RAY_ADDRESS": "127.0.0.1:1"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    # RAY_ADDRESS points nowhere: reaching init_ray would fail differently (a ClusterError, exit 8)
+    done = subprocess.run([sys.executable, str(script), "--protocol", "rerank", "--model", "models:/nosuch@champion",
+                           "--work-dir", str(tmp_path / "w")], env=env, capture_output=True, text=True)
+    assert done.returncode == 4, done.stderr
+    assert "twx: error: models:/nosuch@champion: not found in the registry" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 @pytest.mark.integration
 def test_a_critic_scorer_takes_the_services_blended_ranking(pipeline_run):
     """Against the real service: a large per-request prior_weight makes the service's best_index
