@@ -32,6 +32,7 @@ seconds (--max-block-s, --wait-quiet-s). Ray binds to 127.0.0.1.
     python bench/train.py --skip-ray --rounds 5 --json /tmp/train-bench.json
     python bench/train.py --device cuda        # ours and d3rlpy on the GPU
     python bench/train.py --profile            # where our update spends its time
+    python bench/train.py --scale              # the train job at 100k and 1M transitions (bench/train_scale.py)
 
 d3rlpy is not a project dependency; install it without touching torch (see bench/README.md).
 """
@@ -484,6 +485,11 @@ def summarise(blocks: dict[str, list[tuple[int, float, float, float]]], threshol
 
 # ---- main ---------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--scale" in argv:  # the train job at 100k and 1M transitions (issue 26): bench/train_scale.py
+        from train_scale import main as scale
+
+        return scale([a for a in argv if a != "--scale"])
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=30, help="timed steps per method per round")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (figures are medians)")

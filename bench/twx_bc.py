@@ -14,7 +14,6 @@ the same listwise loss (`train_listwise_reader`; bench/cross_probe.py's reader s
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -23,23 +22,15 @@ import numpy as np
 def load_rows(encoded_dir: str) -> dict[str, Any]:
     """The encoded transitions as arrays: state (N, D), action (N, D), candidates (N, K, D) with a mask,
     and episode ids."""
-    import pyarrow.dataset as pads
+    from harnessrl.encoded_data import load_arrays, read_table
 
-    table = pads.dataset(str(Path(encoded_dir) / "data"), format="parquet").to_table(
-        columns=["episode_id", "state_emb", "action_emb", "candidate_emb"])
-    s = np.asarray(table.column("state_emb").combine_chunks().flatten().to_numpy(zero_copy_only=False), np.float32)
-    a = np.asarray(table.column("action_emb").combine_chunks().flatten().to_numpy(zero_copy_only=False), np.float32)
-    n = table.num_rows
-    dim = s.size // max(n, 1)
-    s, a = s.reshape(n, dim), a.reshape(n, dim)
-    cands = table.column("candidate_emb").to_pylist()
-    k = max((len(c) for c in cands), default=0)
-    c = np.zeros((n, max(k, 1), dim), np.float32)
-    mask = np.zeros((n, max(k, 1)), bool)
-    for i, row in enumerate(cands):
-        if row:
-            c[i, : len(row)] = np.asarray(row, np.float32)
-            mask[i, : len(row)] = True
+    table = read_table(encoded_dir)  # either layout, the vectors in the rows
+    arrays = load_arrays([table])
+    s, a = arrays["state_emb"], arrays["action_emb"]
+    n, dim = table.num_rows, s.shape[1]
+    c, mask = arrays.get("cand"), arrays.get("cand_mask")
+    if c is None or c.shape[1] == 0:
+        c, mask = np.zeros((n, 1, dim), np.float32), np.zeros((n, 1), bool)
     return {"episode_id": table.column("episode_id").to_pylist(), "s": s, "a": a, "c": c, "mask": mask, "dim": dim}
 
 

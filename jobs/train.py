@@ -1,9 +1,10 @@
 """Train job: data-parallel IQL on Ray Train (`TorchTrainer`, DDP), checkpoints, MLflow metrics.
 
 The loop is the same for every critic head (harnessrl.heads): each worker hands its shard of the
-encoded transitions to the head, which holds it and samples minibatches from it (the standard
-offline-RL replay), so every worker takes the same number of steps whatever its shard size. Rank 0
-writes checkpoints and logs metrics to MLflow. The driver completes the model card the pipeline
+encoded transitions to the head, which streams minibatches from it (the frozen head: epoch after
+epoch through a local shuffle buffer, vectors gathered from the shared distinct-text table per
+batch) or holds it and samples from it (cross, reader), so every worker takes the same number of
+steps whatever its shard size. Rank 0 writes checkpoints and logs metrics to MLflow. The driver completes the model card the pipeline
 built: the head's network configuration, reward scale, fallback and OOD thresholds, metrics.
 """
 
@@ -22,6 +23,7 @@ import pyarrow as pa
 
 from harnessrl.config import TrainConfig
 from harnessrl.features import FEATURE_NAMES
+from harnessrl.heads.base import Shard
 from harnessrl.model_card import ModelCard, OODCard
 
 log = logging.getLogger(__name__)
@@ -64,11 +66,11 @@ def _train_loop(config: dict[str, Any]) -> None:
     load_start = time.time()
     device = get_device()
 
-    def batches(name: str):
-        return ray.train.get_dataset_shard(name).iter_batches(batch_size=4096, batch_format="pyarrow")
-
-    setup = heads.head(config["head"]).worker(config, batches("train"), batches("val") if config.get("validation")
-                                              else None, world, device, lambda net: on_device(net, world, device))
+    vectors = ray.get(config["vectors"]) if config.get("vectors") is not None else None  # zero-copy, read-only
+    shards = {name: Shard(ray.train.get_dataset_shard(name).iter_batches, vectors)
+              for name in ("train", "val") if name == "train" or config.get("validation")}
+    setup = heads.head(config["head"]).worker(config, shards["train"], shards.get("val"), world, device,
+                                              lambda net: on_device(net, world, device))
     learners, train_step, val = setup.learners, setup.step, setup.validation
     load_seconds = time.time() - load_start
 
@@ -135,21 +137,53 @@ def split_validation(ds, fraction: float, seed: int) -> dict[str, Any]:
     from harnessrl.errors import DataError
     from harnessrl.metrics import split_by_group
 
-    groups = ds.select_columns(["group_id"]).to_pandas()["group_id"].astype(str).tolist()
+    groups = sorted(str(g) for g in ds.unique("group_id"))  # the split depends on the set of groups only
     _, held = split_by_group(groups, fraction, seed)
-    held_groups = pa.array(sorted({g for g, h in zip(groups, held) if h}), pa.string())
+    held_groups = pa.array([g for g, h in zip(groups, held) if h], pa.string())
     if len(held_groups) == 0 or held.all():
-        raise DataError(f"train.validation_fraction {fraction}: the data has {len(set(groups))} task group(s); "
+        raise DataError(f"train.validation_fraction {fraction}: the data has {len(groups)} task group(s); "
                         "validation needs two or more (set validation_fraction: 0)")
 
     def part(batch: pa.Table, keep_held: bool) -> pa.Table:
         mask = pc.is_in(pc.fill_null(pc.cast(batch["group_id"], pa.string()), "None"), value_set=held_groups)
         return batch.filter(mask if keep_held else pc.invert(mask))
 
+    parts = {name: ds.map_batches(part, batch_format="pyarrow", fn_kwargs={"keep_held": name == "val"})
+             for name in ("train", "val")}
+    from ray.data.dataset import MaterializedDataset
+
+    if isinstance(ds, MaterializedDataset):  # held in the object store: so are the parts
+        parts = {name: p.materialize() for name, p in parts.items()}
     log.info("train: %d of %d task groups (%d of %d transitions) held out for validation", len(held_groups),
-             len(set(groups)), int(held.sum()), len(groups))
-    return {name: ds.map_batches(part, batch_format="pyarrow", fn_kwargs={"keep_held": name == "val"}).materialize()
-            for name in ("train", "val")}
+             len(groups), parts["val"].count(), ds.count())
+    return parts
+
+
+STORE_SHARE = 0.25  # encoded rows are held in the object store when they take at most this share of it
+PARQUET_EXPANSION = 4  # in-memory bytes per byte of (zstd) Parquet, about, for reference-layout rows
+
+
+def read_rows(encoded_dir: str):
+    """The encoded rows as a Ray dataset (references, not vectors, in the default layout): held in
+    the object store when they fit in a quarter of it, so an epoch reads memory (and 2 CPUs do not
+    deadlock on a lazy read beside the workers, see NOTES); else streamed from their files, epoch
+    after epoch, so no process holds the corpus."""
+    import pyarrow.fs as pafs
+    import ray
+
+    from harnessrl import storage
+
+    data = storage.join(encoded_dir, "data")
+    fs, path = storage.filesystem(data)
+    size = sum(i.size or 0 for i in fs.get_file_info(pafs.FileSelector(path, recursive=True))
+               if i.type == pafs.FileType.File)
+    ds = ray.data.read_parquet(data)
+    budget = ray.cluster_resources().get("object_store_memory", 0) * STORE_SHARE
+    if size * PARQUET_EXPANSION <= budget:
+        return ds.materialize()
+    log.info("train: the encoded rows (%.1f GB of Parquet) are streamed from %s each epoch (more than a quarter of "
+             "the object store)", size / 1e9, data)
+    return ds
 
 
 def validation_fraction(cfg: TrainConfig, ds) -> float:
@@ -160,10 +194,51 @@ def validation_fraction(cfg: TrainConfig, ds) -> float:
     return 0.1 if len(groups) >= 10 else 0.0
 
 
-def reward_scale_for(returns: np.ndarray) -> float:
-    """Scale rewards so the largest |return| is about 1: Q stays in a range the MLP fits easily."""
-    peak = float(np.max(np.abs(returns))) if len(returns) else 1.0
+def reward_scale_for(peak: float) -> float:
+    """Scale rewards so the largest |return| (`peak`) is about 1: Q stays in a range the MLP fits easily."""
     return 1.0 / peak if peak > 1.0 else 1.0
+
+
+STORAGE_ERRORS = ("AWS Error", "NETWORK_CONNECTION", "Connection refused", "Could not connect", "Timeout was reached")
+
+
+def fit_with_storage_retries(fit, cfg: TrainConfig, run_name: str):
+    """`fit()`, again after a failure of the checkpoint storage (an S3 outage): Ray Train's
+    FailureConfig retries worker errors only, and its controller fails the run when it cannot
+    write its checkpoint list. Up to `train.storage_retries` times, `train.storage_retry_s`
+    seconds apart (doubling); each retry resumes the run from its last registered checkpoint."""
+    wait = cfg.storage_retry_s
+    for attempt in range(cfg.storage_retries + 1):
+        try:
+            return fit()
+        except Exception as exc:  # noqa: BLE001 - only storage failures are retried, the rest re-raised
+            if attempt == cfg.storage_retries or not any(m in str(exc) for m in STORAGE_ERRORS):
+                raise
+            log.warning("train: run %s failed on its checkpoint storage (%s); resuming it from its last checkpoint "
+                        "in %.0f s (retry %d of %d)", run_name, str(exc).splitlines()[0][:200], wait, attempt + 1,
+                        cfg.storage_retries)
+            time.sleep(wait)
+            wait *= 2
+
+
+def remove_orphaned_checkpoints(result) -> int:
+    """Delete the run's checkpoint folders Ray Train does not keep: a worker killed while it
+    uploaded one leaves it behind unregistered (the group resumes from an earlier one), and
+    `num_to_keep` prunes registered checkpoints only. Returns how many were removed."""
+    import pyarrow.fs as pafs
+
+    fs, kept = result.filesystem, {c.path.rstrip("/") for c, _ in result.best_checkpoints or []}
+    kept.add(result.checkpoint.path.rstrip("/"))
+    run_dir = result.checkpoint.path.rstrip("/").rsplit("/", 1)[0]
+    orphans = [i.path for i in fs.get_file_info(pafs.FileSelector(run_dir, allow_not_found=True))
+               if i.type == pafs.FileType.Directory and i.base_name.startswith("checkpoint_")
+               and i.path.rstrip("/") not in kept]
+    for path in orphans:
+        fs.delete_dir(path)
+    if orphans:
+        log.info("train: removed %d checkpoint folder(s) Ray Train does not keep (left by a restart): %s",
+                 len(orphans), ", ".join(p.rsplit("/", 1)[-1] for p in orphans))
+    return len(orphans)
 
 
 def _storage(storage_dir: str) -> dict[str, Any]:
@@ -187,8 +262,8 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
     from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from harnessrl import heads, settings, storage
-    from harnessrl.encoded_data import check_identity, load_arrays
+    from harnessrl import heads, settings
+    from harnessrl.encoded_data import DataStats, check_identity, vector_table
     from harnessrl.heads.base import DriverData
     from harnessrl.model_files import save_critic, save_ood_reference
     from harnessrl.ood import fit_reference
@@ -198,16 +273,17 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
     check_identity(encoded_dir, card.identity, f"training data {encoded_dir}")
     start = time.time()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    ds = ray.data.read_parquet(storage.join(encoded_dir, "data")).materialize()  # see the 2-CPU deadlock note
-    arrays = load_arrays(ds.iter_batches(batch_size=8192, batch_format="pyarrow"), candidates=False)
-    returns = ds.select_columns(["return_to_go"]).to_pandas()["return_to_go"].to_numpy()
-    scale = reward_scale_for(returns)
-    feature_dim = arrays["features"].shape[1] if cfg.features else 0
-    feature_stats = ([arrays["features"].mean(0).tolist(), arrays["features"].std(0).tolist()] if feature_dim
-                     else None)
-    data = DriverData(ds=ds, n_rows=len(returns), feature_dim=feature_dim, feature_stats=feature_stats,
-                      reward_scale=scale, encoder_name=card.identity.model_name, seed=cfg.seed, arrays=arrays,
-                      encoded_dir=encoded_dir)
+    # rows in stored order through every read, split and worker: a seeded run trains on the same batches
+    ray.data.DataContext.get_current().execution_options.preserve_order = True
+    ds = read_rows(encoded_dir)
+    vectors = vector_table(encoded_dir)  # each distinct text's vector once (None: the rows carry copies)
+    stats = DataStats(ds.iter_batches(batch_size=8192, batch_format="pyarrow"), ds.count(), vectors, cfg.seed)
+    scale = reward_scale_for(stats.max_abs_return)
+    feature_dim = len(stats.feature_mean) if cfg.features else 0
+    feature_stats = [stats.feature_mean.tolist(), stats.feature_std.tolist()] if feature_dim else None
+    data = DriverData(ds=ds, n_rows=stats.rows, feature_dim=feature_dim, feature_stats=feature_stats,
+                      reward_scale=scale, encoder_name=card.identity.model_name, seed=cfg.seed, stats=stats,
+                      vectors=vectors, encoded_dir=encoded_dir)
     head_config = head.loop_config(cfg, data)
     datasets = {"train": ds}
     fraction = validation_fraction(cfg, ds)
@@ -222,28 +298,38 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
         "steps": cfg.steps, "seed": cfg.seed, "log_every": cfg.log_every, "checkpoint_every": cfg.checkpoint_every,
         "reward_scale": scale, "threads": max(1, int(round(cfg.cpus_per_worker))), "mlflow_run_id": mlflow_run_id,
         "tracking_uri": settings.tracking_uri(), "validation": "val" in datasets, "patience": cfg.patience,
+        # the vector table, shared through the object store: a node's workers read one copy, zero-copy
+        "vectors": ray.put(vectors) if vectors is not None else None,
+        "val_rows": datasets["val"].count() if "val" in datasets else 0, "shuffle_buffer": cfg.shuffle_buffer,
+        "replay": cfg.replay,
     }
     tool_head = head_config.get("tool_head")
     log.info("train: IQL (%s head) on %d transitions (%d history features, tool head: %s over %d tools), "
-             "%d worker(s) x %s, %d steps", head.kind, len(returns), feature_dim,
+             "%d worker(s) x %s, %d steps", head.kind, stats.rows, feature_dim,
              tool_head["method"] if tool_head else "none", len(head_config.get("tool_vocab", [])), cfg.num_workers,
              resources, cfg.steps)
-    trainer = TorchTrainer(
-        _train_loop,
-        train_loop_config=loop_config,
-        scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=use_gpu, resources_per_worker=resources,
-                                     placement_strategy=cfg.placement_strategy),
-        run_config=RunConfig(
-            name=run_name, **_storage(storage_dir),
-            checkpoint_config=CheckpointConfig(num_to_keep=2),
-            failure_config=FailureConfig(max_failures=cfg.max_failures),
-        ),
-        datasets=datasets,
-        dataset_config=DataConfig(datasets_to_split=["train"]),  # every worker scores the whole "val"
-    )
-    result = trainer.fit()
+    ingest = DataConfig.default_ingest_options()
+    ingest.preserve_order = True
+
+    def fit():  # a new trainer with the same run name and storage resumes the run from its last checkpoint
+        return TorchTrainer(
+            _train_loop,
+            train_loop_config=loop_config,
+            scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=use_gpu, resources_per_worker=resources,
+                                         placement_strategy=cfg.placement_strategy),
+            run_config=RunConfig(
+                name=run_name, **_storage(storage_dir),
+                checkpoint_config=CheckpointConfig(num_to_keep=2),
+                failure_config=FailureConfig(max_failures=cfg.max_failures),
+            ),
+            datasets=datasets,
+            dataset_config=DataConfig(datasets_to_split=["train"], execution_options=ingest),  # all score all "val"
+        ).fit()
+
+    result = fit_with_storage_retries(fit, cfg, run_name)
     if result.checkpoint is None:
         raise RuntimeError(f"training run {run_name} finished without a checkpoint: {result.error}")
+    remove_orphaned_checkpoints(result)
     with result.checkpoint.as_directory() as d:
         with open(os.path.join(d, "state.json")) as fh:
             validation = json.load(fh).get("validation")
@@ -257,7 +343,7 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
                         "selected_step": float(validation["best_step"] if best else metrics.get("step", cfg.steps))})
         log.info("train: held-out TD error best %.4f at step %d; exporting the %s weights (step %d)",
                  validation["best_value"], validation["best_step"], cfg.select, int(metrics["selected_step"]))
-    ood_states = exported.ood_states if exported.ood_states is not None else arrays.get("state_emb")
+    ood_states = exported.ood_states if exported.ood_states is not None else stats.states
     reference, ood_threshold = (fit_reference(ood_states, cfg.seed, exported.ood_held_out) if ood_states is not None
                                 else (None, 0.0))
     card = card.model_copy(update={

@@ -13,8 +13,9 @@ vectors to the transition rows:
   -> with a cache: per bucket, copy the cached vectors into `_texts/` and add the new ones to
      the cache (one file per bucket per run)
   -> attach tasks, one per transitions file: its rows, a batch at a time, + the sorted `_texts`
-     index (object store, zero-copy) -> `data/part-NNNNN.parquet` (+ state_emb, action_emb,
-     next_state_emb, candidate_emb), written as they go
+     index (object store, zero-copy) -> `data/part-NNNNN.parquet` (+ state_ref, action_ref,
+     next_state_ref, candidate_ref: row numbers of that index, `encoder.vectors: references`; or
+     the vectors themselves, state_emb ... candidate_emb, with `copies`), written as they go
 
 Both passes read the transitions files themselves, in batches, and the attach writes its
 own files: memory follows a batch per task in flight, not the corpus (Ray's Parquet reader
@@ -53,7 +54,8 @@ from harnessrl.embedding_cache import BUCKETS, EmbeddingCache
 from harnessrl.encoders import ENCODER_KEY, cpu_has_native_bf16, encoder_identity
 from harnessrl.errors import DataError, ModelError
 from harnessrl.pipelines.encode_actor import _Encoder
-from harnessrl.pipelines.encode_attach import DRIVER_ATTACH_ROWS, _index, attach_all, storage_files
+from harnessrl.encoded_data import parquet_files, text_index
+from harnessrl.pipelines.encode_attach import DRIVER_ATTACH_ROWS, attach_all
 from harnessrl.pipelines.encode_claims import _Registry, registry_shards
 from harnessrl.pipelines.encode_pool import TASK_CPUS, _nodes, bf16_hint, plan_pool
 from harnessrl.pipelines.encode_progress import PROGRESS_SECONDS, _Progress, _ProgressLog
@@ -92,7 +94,7 @@ def _finish_bucket(bucket: int, cached: list[str], cache: EmbeddingCache, texts_
     import pyarrow.parquet as pq
 
     fs, path = storage.filesystem(texts_dir)
-    files = [f for f in storage_files(fs, path) if not f.rsplit("/", 1)[-1].startswith("cached-")]
+    files = [f for f in parquet_files(fs, path) if not f.rsplit("/", 1)[-1].startswith("cached-")]
     added = 0
     if files:
         new = pads.dataset(files, filesystem=fs, format="parquet").to_table(
@@ -233,13 +235,14 @@ def encode(transitions_dir: str, out_dir: str, cfg: EncoderConfig,
             ray.get([finish.remote(b, cached.get(b, []), cache, emb_dir, run_id) for b in range(buckets)])
         phases["texts"] = time.time() - start
 
-        keys, matrix = _index(emb_dir, cfg.dtype, identity.dim)
+        keys, matrix = text_index(emb_dir, cfg.dtype, identity.dim)
         if len(keys) != n_distinct:
             raise DataError(f"encode: {n_distinct} distinct texts but {len(keys)} vectors under {emb_dir}")
         schema_meta = {ENCODER_KEY: identity.to_json().encode(), b"harnessrl.embedding_dtype": cfg.dtype.encode()}
         data_dir = storage.join(out_dir, "data")
         written = attach_all(files, transitions_dir, data_dir, (keys, matrix), cfg.max_candidates, schema_meta,
-                             in_driver=rows <= DRIVER_ATTACH_ROWS, state_texts=cfg.state_texts is not False)
+                             in_driver=rows <= DRIVER_ATTACH_ROWS, state_texts=cfg.state_texts is not False,
+                             references=cfg.vectors == "references")
         if written != rows:
             raise DataError(f"encode: {rows} transitions but {written} written to {data_dir}")
         phases["attach"] = time.time() - start - phases["texts"]
@@ -247,7 +250,7 @@ def encode(transitions_dir: str, out_dir: str, cfg: EncoderConfig,
         meta = {"encoder": json.loads(identity.to_json()), "encoder_digest": identity.digest(), "rows": rows,
                 "texts_total": texts_total, "texts_distinct": n_distinct, "texts_cached": n_cached,
                 "texts_encoded": n_distinct - n_cached, "dtype": cfg.dtype, "cache": cache.uri if cache else None,
-                "schema_version": schemas.SCHEMA_VERSION}
+                "vectors": cfg.vectors, "schema_version": schemas.SCHEMA_VERSION}
         encoded_data.write_meta(out_dir, meta)
     result = EncodeResult(out_dir, rows, texts_total, n_distinct, plan.max_actors, time.time() - start, meta["encoder"],
                           texts_cached=n_cached, texts_encoded=n_distinct - n_cached, min_actors=plan.min_actors,

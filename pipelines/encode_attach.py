@@ -1,6 +1,8 @@
 """The encode stage's second pass: every transitions file -> its encoded file, each row's texts
-looked up by hash in the run's sorted distinct-text index (state_emb, action_emb,
-next_state_emb, candidate_emb), a batch at a time, written as they go."""
+looked up by hash in the run's sorted distinct-text index, a batch at a time, written as they go:
+as references into that index (state_ref, action_ref, next_state_ref, candidate_ref; the
+default, `encoder.vectors: references`) or as copies of the vectors (state_emb, action_emb,
+next_state_emb, candidate_emb)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from harnessrl import schemas, storage
-from harnessrl.embedding_cache import emb_array, emb_matrix
+from harnessrl.embedding_cache import emb_array
+from harnessrl.encoded_data import REF_COLUMNS
 from harnessrl.encoders import text_hash
 from harnessrl.errors import DataError
 from harnessrl.pipelines.encode_pool import TASK_CPUS
@@ -35,17 +38,11 @@ def _list_prefix(column: pa.ChunkedArray | pa.Array, keep: np.ndarray) -> pa.Arr
     return pa.ListArray.from_arrays(pa.array(new_offsets, pa.int32()), values, type=arr.type)
 
 
-def storage_files(fs, path: str) -> list[str]:
-    import pyarrow.fs as pafs
-
-    infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
-    return sorted(i.path for i in infos if i.type == pafs.FileType.File and i.base_name.endswith(".parquet"))
-
-
 def _attach(batch: pa.Table, keys: np.ndarray, matrix: np.ndarray, max_candidates: int, schema_meta: dict,
-            state_texts: bool = True) -> pa.Table:
-    """Transition rows + state_emb, action_emb, next_state_emb, candidate_emb (a list per row:
-    the untaken candidates' vectors), by text hash against the run's sorted distinct-text index."""
+            state_texts: bool = True, references: bool = True) -> pa.Table:
+    """Transition rows + their texts' row numbers in the run's sorted distinct-text index
+    (state_ref, action_ref, next_state_ref, candidate_ref: a list per row, the untaken candidates'),
+    found by text hash; or, without `references`, the vectors themselves (state_emb, ...)."""
     memo: dict[str, int] = {}
 
     def rows(texts: list[str]) -> np.ndarray:
@@ -61,15 +58,21 @@ def _attach(batch: pa.Table, keys: np.ndarray, matrix: np.ndarray, max_candidate
         return np.array([memo[t] for t in texts], np.int64)
 
     dtype = "float16" if matrix.dtype == np.float16 else "float32"
+
+    def column(refs: np.ndarray) -> pa.Array:
+        return pa.array(refs, pa.int32()) if references else emb_array(matrix[refs].reshape(-1, matrix.shape[1]), dtype)
+
     for text_col in text_columns(state_texts):
         emb_col = schemas.EMBEDDING_COLUMNS[text_col]
-        batch = batch.append_column(emb_col, emb_array(matrix[rows(batch.column(text_col).to_pylist())], dtype))
+        name = REF_COLUMNS[emb_col] if references else emb_col
+        batch = batch.append_column(name, column(rows(batch.column(text_col).to_pylist())))
     actions = batch.column("action_text").to_pylist()
     untaken = _untaken(actions, batch.column("candidates").to_pylist() if max_candidates else actions, max_candidates)
     counts = np.array([len(u) for u in untaken], np.int64)
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-    flat = matrix[rows([t for u in untaken for t in u])].reshape(-1, matrix.shape[1])
-    batch = batch.append_column("candidate_emb", pa.ListArray.from_arrays(pa.array(offsets), emb_array(flat, dtype)))
+    flat = column(rows([t for u in untaken for t in u]))
+    batch = batch.append_column("candidate_ref" if references else "candidate_emb",
+                                pa.ListArray.from_arrays(pa.array(offsets), flat))
     if "candidate_features" in batch.column_names:
         # candidate_features follow the untaken candidates' order: keep the same prefix
         col = batch.schema.get_field_index("candidate_features")
@@ -78,7 +81,7 @@ def _attach(batch: pa.Table, keys: np.ndarray, matrix: np.ndarray, max_candidate
 
 
 def _attach_file(path: str, part: int, transitions_dir: str, data_dir: str, index: tuple[np.ndarray, np.ndarray],
-                 max_candidates: int, schema_meta: dict, state_texts: bool = True) -> int:
+                 max_candidates: int, schema_meta: dict, state_texts: bool = True, references: bool = True) -> int:
     """One transitions file -> its encoded file (`part-NNNNN.parquet`, same rows and order), read,
     attached and written ATTACH_ROWS at a time: a task holds one batch, whatever the file's size.
     A retried task rewrites the same file. Returns the rows written."""
@@ -89,7 +92,7 @@ def _attach_file(path: str, part: int, transitions_dir: str, data_dir: str, inde
     writer, n = None, 0
     try:
         for rows in _file_batches(transitions_dir, path, None, ATTACH_ROWS):
-            batch = _attach(rows, keys, matrix, max_candidates, schema_meta, state_texts)
+            batch = _attach(rows, keys, matrix, max_candidates, schema_meta, state_texts, references)
             if writer is None:
                 writer = pq.ParquetWriter(f"{out}/part-{part:05d}.parquet", batch.schema, filesystem=fs,
                                           compression="zstd")
@@ -102,7 +105,8 @@ def _attach_file(path: str, part: int, transitions_dir: str, data_dir: str, inde
 
 
 def attach_all(files: list[str], transitions_dir: str, data_dir: str, index: tuple[np.ndarray, np.ndarray],
-               max_candidates: int, schema_meta: dict, in_driver: bool, state_texts: bool = True) -> int:
+               max_candidates: int, schema_meta: dict, in_driver: bool, state_texts: bool = True,
+               references: bool = True) -> int:
     """Every transitions file -> its encoded file; returns the rows written. A small corpus is
     attached here, file after file; a large one by one plain Ray task per file, all submitted at
     once (not a Ray Data execution: nothing flows between tasks, and its start-up was 3 s of the
@@ -112,23 +116,9 @@ def attach_all(files: list[str], transitions_dir: str, data_dir: str, index: tup
     fs, path = storage.filesystem(data_dir)
     fs.create_dir(path, recursive=True)
     if in_driver:
-        return sum(_attach_file(f, k, transitions_dir, data_dir, index, max_candidates, schema_meta, state_texts)
-                   for k, f in enumerate(files))
+        return sum(_attach_file(f, k, transitions_dir, data_dir, index, max_candidates, schema_meta, state_texts,
+                                references) for k, f in enumerate(files))
     shared = ray.put(index)
     attach = ray.remote(num_cpus=TASK_CPUS)(_attach_file)
     return sum(ray.get([attach.remote(f, k, transitions_dir, data_dir, shared, max_candidates, schema_meta,
-                                      state_texts) for k, f in enumerate(files)]))
-
-
-def _index(texts_dir: str, dtype: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """The run's distinct texts as (sorted 32-byte hex keys, matrix in the same order)."""
-    import pyarrow.dataset as pads
-
-    fs, path = storage.filesystem(texts_dir)
-    files = storage_files(fs, path)
-    if not files:
-        return np.array([], dtype="S32"), np.zeros((0, dim), np.float16 if dtype == "float16" else np.float32)
-    table = pads.dataset(files, filesystem=fs, format="parquet").to_table(columns=["text_hash", "emb"])
-    keys = np.array(table.column("text_hash").to_pylist(), dtype="S32")
-    order = np.argsort(keys, kind="stable")
-    return keys[order], emb_matrix(table.column("emb"), dim)[order]
+                                      state_texts, references) for k, f in enumerate(files)]))

@@ -81,7 +81,9 @@ def first_run(transitions, work, s3_cache):
 # ---- dedupe ----------------------------------------------------------------------------------
 def test_each_distinct_text_encoded_once_and_equal_to_direct(first_run, work, model):
     _, result = first_run
-    rows = _table(work["dir"] / "enc16" / "data")
+    from harnessrl.encoded_data import read_table
+
+    rows = read_table(str(work["dir"] / "enc16"))
     texts = _table(work["dir"] / "enc16" / "_texts")
     distinct = _distinct(rows)
     assert result.texts_distinct == len(distinct) == texts.num_rows
@@ -149,8 +151,10 @@ def test_rerun_takes_everything_from_the_cache(first_run, work):
                    progress_every=None)  # and no progress actor
     assert again.texts_distinct == first.texts_distinct
     assert again.texts_cached == first.texts_distinct and again.texts_encoded == 0  # no model call at all
-    a = _table(work["dir"] / "enc16" / "data").sort_by([("episode_id", "ascending"), ("step_idx", "ascending")])
-    b = _table(work["dir"] / "enc16-again" / "data").sort_by([("episode_id", "ascending"), ("step_idx", "ascending")])
+    from harnessrl.encoded_data import read_table
+
+    key = [("episode_id", "ascending"), ("step_idx", "ascending")]
+    a, b = (read_table(str(work["dir"] / d)).sort_by(key) for d in ("enc16", "enc16-again"))  # the vectors named
     for col in ("state_emb", "action_emb", "next_state_emb", "candidate_emb"):
         assert a.column(col).equals(b.column(col))
     meta = read_meta(str(work["dir"] / "enc16-again"))
@@ -246,13 +250,14 @@ def test_cache_roundtrip_local_and_s3(tmp_path, s3):
 
 def test_attach_in_tasks_equals_attach_in_driver(encoded, work, tmp_path):
     """A small corpus is attached by the driver, a large one by Ray tasks: the same files either way."""
-    from harnessrl.pipelines.encode_attach import _index, attach_all
+    from harnessrl.encoded_data import text_index
+    from harnessrl.pipelines.encode_attach import attach_all
     from harnessrl.pipelines.encode_scan import _input_files
 
     src = str(work["dir"] / "transitions")
     files = _input_files(src)
     assert len(files) > 1
-    index = _index(str(work["dir"] / "encoded" / "_texts"), "float32", 384)
+    index = text_index(str(work["dir"] / "encoded" / "_texts"), "float32", 384)
     meta = {ENCODER_KEY: b"{}"}
     written = {mode: attach_all(files, src, str(tmp_path / mode), index, 16, meta, in_driver=mode == "driver")
                for mode in ("driver", "tasks")}

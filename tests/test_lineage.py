@@ -16,7 +16,7 @@ from harnessrl import lineage
 from harnessrl.cli import main
 
 pytestmark = pytest.mark.integration
-NAMES = ["raw", "episodes", "steps", "transitions", "encoded"]
+NAMES = ["raw", "episodes", "steps", "transitions", "encoded", "vectors"]  # vectors: the distinct-text table
 
 
 def test_lineage_prints_the_chain_and_verifies_it(pipeline_run, capsys):
@@ -59,6 +59,29 @@ def test_verify_catches_a_tampered_dataset(pipeline_run, tmp_path):
     shutil.rmtree(copy)
     lineage.verify(chain)
     assert next(d for d in chain.datasets if d.name == "transitions").status == "MISSING"
+
+
+def test_verify_catches_a_changed_vector_in_the_distinct_text_table(pipeline_run, tmp_path):
+    """The rows reference the table, so the table is part of the chain: one vector changed is a mismatch."""
+    import pyarrow as pa
+
+    chain = lineage.chain(f"models:/{MODEL}@champion")
+    original = next(d for d in chain.datasets if d.name == "vectors")
+    copy = tmp_path / "_texts"
+    shutil.copytree(original.location, copy)
+    chain.datasets = [dataclasses.replace(d, location=str(copy)) if d.name == "vectors" else d
+                      for d in chain.datasets]
+    assert lineage.verify(chain).verified
+    part = sorted(copy.glob("*.parquet"))[0]
+    table = pq.read_table(part)
+    emb = table.column("emb").combine_chunks()
+    flat = emb.flatten().to_numpy(zero_copy_only=False).copy()
+    flat[0] += 1e-3
+    table = table.set_column(table.schema.get_field_index("emb"), "emb",
+                             pa.FixedSizeListArray.from_arrays(pa.array(flat), type=emb.type))
+    pq.write_table(table, part)
+    lineage.verify(chain)
+    assert {d.name: d.status for d in chain.datasets}["vectors"] == "MISMATCH"
 
 
 def test_lineage_cli_exits_6_on_mismatch_and_4_for_an_unknown_model(pipeline_run, tmp_path, capsys):

@@ -58,7 +58,12 @@ def test_transitions_chain_states(transitions, ingested, work):
 def test_encode_once_per_distinct_text(encoded, work):
     from harnessrl.encoded_data import read_identity
 
-    rows = _table(work["dir"] / "encoded" / "data")
+    from harnessrl.encoded_data import read_table
+
+    stored = _table(work["dir"] / "encoded" / "data")  # the default layout: references, no vector copies
+    assert {"state_ref", "action_ref", "next_state_ref", "candidate_ref"} <= set(stored.column_names)
+    assert not {"state_emb", "action_emb", "next_state_emb", "candidate_emb"} & set(stored.column_names)
+    rows = read_table(str(work["dir"] / "encoded"))
     texts = _table(work["dir"] / "encoded" / "_texts")
     from harnessrl.transitions import untaken_candidates
 

@@ -70,7 +70,7 @@ def test_training_exports_the_best_checkpoint(encoded, work):
     import pyarrow.dataset as pads
     import ray
 
-    from harnessrl.encoded_data import load_arrays
+    from harnessrl.encoded_data import load_arrays, vector_table
     from harnessrl.jobs.train import split_validation, train
     from harnessrl.model_card import ModelCard
     from harnessrl.model_files import load_critic_files
@@ -98,7 +98,7 @@ def test_training_exports_the_best_checkpoint(encoded, work):
     scorer, saved = load_critic_files(result.model_dir)
     rows = pads.dataset(str(work["dir"] / "encoded" / "data"), format="parquet").to_table()
     held = rows.filter(pc.is_in(rows["group_id"], value_set=pa.array(sorted(val_groups), pa.string())))
-    arrays = load_arrays([held], candidates=False)
+    arrays = load_arrays([held], candidates=False, vectors=vector_table(str(work["dir"] / "encoded")))
     val = FrozenValidation(arrays, saved.reward_scale, saved.gamma, use_f=saved.uses_features)
 
     class Exported:  # the exported network where the validation looks for it

@@ -87,6 +87,11 @@ class EncoderConfig(_Strict):
                             "critic serves at the precision it was trained on; its vectors move with the batch "
                             "they are computed in (up to 1e-3), so scores are not bit-reproducible")
     dtype: Literal["float32", "float16"] = Field("float32", description="stored embedding columns")
+    vectors: Literal["references", "copies"] = Field(
+        "references", description="how encoded transitions hold their texts' vectors: references (row numbers into "
+                                  "the run's distinct-text table `_texts`, each vector stored once; training gathers "
+                                  "them a batch at a time) or copies (every row carries its vectors: 3x the disk "
+                                  "and 3-4x the memory at the quickstart's size)")
     block_texts: int = Field(256, ge=16, description="distinct texts per encoder actor call (sorted by length there); "
                                                      "1024 suits GPU actors")
     cache: str | None = Field(None, description="persistent embedding cache: a local folder or s3:// URI; None = off")
@@ -177,6 +182,13 @@ class TrainConfig(_Strict):
     polyak: float = Field(0.005, gt=0, le=1)
     alpha: float = Field(0.3, ge=0, description="candidate-set penalty weight (0: plain IQL)")
     candidates_per_step: int = Field(4, ge=1, description="untaken candidates per state in each penalty batch")
+    replay: Literal["stream", "memory"] = Field(
+        "stream", description="how a frozen-head worker draws minibatches: stream (its shard read epoch after "
+                              "epoch through a local shuffle buffer, vectors gathered per batch: memory stays flat "
+                              "whatever the corpus) or memory (the shard's vectors gathered into memory once, "
+                              "minibatches sampled uniformly: the path before issue 26, for shards that fit)")
+    shuffle_buffer: int = Field(16384, ge=0, description="rows in each worker's local shuffle buffer while it "
+                                                         "streams its shard (replay: stream); 0: in stored order")
     features: bool = Field(True, description="history features (harnessrl.features) as inputs of Q")
     tool_head: Literal["awr", "iql", "cql", "none"] = Field(
         "awr", description="tool-selection head, trained when the data calls >= 2 tools: awr (policy weighted by "
@@ -202,6 +214,9 @@ class TrainConfig(_Strict):
     patience: int | None = Field(
         None, ge=1, description="with validation: stop after this many validations without improvement")
     max_failures: int = Field(2, ge=0, description="worker-group restarts from the last checkpoint")
+    storage_retries: int = Field(3, ge=0, description="runs resumed after a failure of the checkpoint storage "
+                                                    "(an S3 outage), which Ray Train does not retry itself")
+    storage_retry_s: float = Field(10.0, ge=0, description="seconds before the first such resume (doubling)")
     log_every: int = Field(100, ge=1)
     fallback_quantile: float = Field(0.1, ge=0, le=1)
     seed: int = 0

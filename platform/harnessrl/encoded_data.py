@@ -1,6 +1,11 @@
 """What an encoded dataset says about itself: `_dataset.json` beside its `data/` files (the
-encoder identity that made its embeddings, counts, dtype), and the same identity in the Parquet
-files' schema; and its rows read as the arrays training needs (`load_arrays`).
+encoder identity that made its embeddings, counts, dtype, layout), and the same identity in the
+Parquet files' schema; and its rows read as the arrays training needs (`load_arrays`).
+
+Two layouts (`encoder.vectors`): `references`, the default, where a row holds the row numbers of
+its texts in the run's distinct-text table (`_texts`, ordered by content hash: `vector_table`),
+so each vector is stored once however many transitions name it; and `copies`, where every row
+carries its vectors. Readers gather references a batch at a time (`load_arrays(..., vectors)`).
 
 The encode stage writes it (`write_meta`); whatever consumes the embeddings (training, the
 benchmarks' behaviour cloning) calls `check_identity` first: vectors of another encoder, cap or
@@ -16,7 +21,7 @@ import pyarrow as pa
 
 from harnessrl import storage
 from harnessrl.encoders import ENCODER_KEY, EncoderIdentity
-from harnessrl.errors import ModelError
+from harnessrl.errors import DataError, ModelError
 from harnessrl.features import FEATURE_NAMES
 
 DATASET_META = "_dataset.json"
@@ -62,6 +67,81 @@ def check_identity(encoded_dir: str, identity: EncoderIdentity, where: str = "")
         EncoderIdentity.from_json(meta[ENCODER_KEY].decode()).check_same(identity, f"{where} (Parquet schema)")
 
 
+def references(encoded_dir: str) -> bool:
+    """Whether the rows hold references into the distinct-text table (else copies of the vectors)."""
+    return read_meta(encoded_dir).get("vectors") == "references"
+
+
+# ---- the distinct-text table ------------------------------------------------------------------
+REF_COLUMNS = {"state_emb": "state_ref", "action_emb": "action_ref", "next_state_emb": "next_state_ref",
+               "candidate_emb": "candidate_ref"}
+
+
+def parquet_files(fs, path: str) -> list[str]:
+    import pyarrow.fs as pafs
+
+    infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    return sorted(i.path for i in infos if i.type == pafs.FileType.File and i.base_name.endswith(".parquet"))
+
+
+def text_index(texts_dir: str, dtype: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """A run's distinct texts as (sorted 32-byte hex keys, their vectors in the same order): a
+    reference is a row number of this order."""
+    import pyarrow.dataset as pads
+
+    from harnessrl.embedding_cache import emb_matrix
+
+    fs, path = storage.filesystem(texts_dir)
+    files = parquet_files(fs, path)
+    if not files:
+        return np.array([], dtype="S32"), np.zeros((0, dim), np.float16 if dtype == "float16" else np.float32)
+    table = pads.dataset(files, filesystem=fs, format="parquet").to_table(columns=["text_hash", "emb"])
+    keys = np.array(table.column("text_hash").to_pylist(), dtype="S32")
+    order = np.argsort(keys, kind="stable")
+    return keys[order], emb_matrix(table.column("emb"), dim)[order]
+
+
+def vector_table(encoded_dir: str) -> np.ndarray | None:
+    """The vectors a reference-layout dataset's rows point into (None for the copies layout)."""
+    if not references(encoded_dir):
+        return None
+    meta = read_meta(encoded_dir)
+    return text_index(storage.join(encoded_dir, "_texts"), meta.get("dtype", "float32"),
+                      int(meta["encoder"]["dim"]))[1]
+
+
+def read_table(encoded_dir: str, columns: list[str] | None = None) -> pa.Table:
+    """The encoded rows as one table with their vectors in it whatever the layout (`state_emb`, ...,
+    `candidate_emb`): for tools, benchmarks and tests that read a dataset whole."""
+    import pyarrow.dataset as pads
+
+    fs, path = storage.filesystem(storage.join(encoded_dir, "data"))
+    table = pads.dataset(path, filesystem=fs, format="parquet").to_table()
+    return with_vectors(table, vector_table(encoded_dir), columns)
+
+
+def with_vectors(table: pa.Table, vectors: np.ndarray | None, columns: list[str] | None = None) -> pa.Table:
+    """`table` with each reference column replaced by the vectors it names (typed as the copies
+    layout reads back from Parquet, so the two compare equal)."""
+    if vectors is None:
+        return table.select(columns) if columns else table
+    emb_type = pa.list_(pa.field("element", pa.float16() if vectors.dtype == np.float16 else pa.float32()),
+                        vectors.shape[1])
+
+    def embeddings(refs: pa.Array) -> pa.FixedSizeListArray:
+        flat = np.ascontiguousarray(vectors[refs.to_numpy(zero_copy_only=False)]).ravel()
+        return pa.FixedSizeListArray.from_arrays(pa.array(flat), type=emb_type)
+
+    for emb, ref in REF_COLUMNS.items():
+        if ref not in table.column_names:
+            continue
+        col = table.column(ref).combine_chunks()
+        value = (pa.ListArray.from_arrays(col.offsets, embeddings(col.values), type=pa.list_(pa.field("element", emb_type)))
+                 if emb == "candidate_emb" else embeddings(col))
+        table = table.set_column(table.schema.get_field_index(ref), emb, value)
+    return table.select(columns) if columns else table
+
+
 # ---- rows as arrays ---------------------------------------------------------------------------
 ARRAY_COLUMNS = ("state_emb", "action_emb", "next_state_emb", "reward", "done", "outcome_success")
 
@@ -72,18 +152,43 @@ def _matrix(column) -> np.ndarray:
     return arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(len(arr), arr.type.list_size)
 
 
-def _padded(column, width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _needed(vectors: np.ndarray | None) -> np.ndarray:
+    if vectors is None:
+        raise DataError("the encoded rows hold references into the run's distinct-text table: read them with "
+                        "its vectors (encoded_data.vector_table)")
+    return vectors
+
+
+def vectors_of(batch: pa.Table, name: str, vectors: np.ndarray | None) -> np.ndarray | None:
+    """The (n, d) float32 vectors of one embedding column (`state_emb`, `action_emb`, `next_state_emb`)
+    of a batch, copied or gathered through its references; None when the batch has neither."""
+    if name in batch.column_names:
+        return _matrix(batch.column(name))
+    ref = REF_COLUMNS[name]
+    if ref not in batch.column_names:
+        return None
+    return _needed(vectors)[batch.column(ref).combine_chunks().to_numpy(zero_copy_only=False)].astype(np.float32)
+
+
+def _padded(column, width: int | None = None, vectors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """list<list<float>[d]> -> (n, k_max, d) zero-padded float32 and its (n, k_max) mask.
 
-    The inner lists are fixed-size embeddings, or variable lists of `width` features."""
+    The inner lists are fixed-size embeddings, variable lists of `width` features, or (with
+    `vectors`) references into `vectors`."""
     arr = column.combine_chunks()
-    inner = arr.type.value_type
-    n, d = len(arr), (inner.list_size if pa.types.is_fixed_size_list(inner) else width)
+    n = len(arr)
     offsets = arr.offsets.to_numpy()
     lengths = np.diff(offsets)
     k_max = int(lengths.max()) if n else 0
-    values = arr.values.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, d)
-    values = values[offsets[0]: offsets[-1]]
+    if vectors is not None:
+        refs = arr.values.to_numpy(zero_copy_only=False)[offsets[0]: offsets[-1]]
+        values = vectors[refs].astype(np.float32)
+    else:
+        inner = arr.type.value_type
+        d = inner.list_size if pa.types.is_fixed_size_list(inner) else width
+        values = arr.values.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, d)
+        values = values[offsets[0]: offsets[-1]]
+    d = values.shape[1]
     rows = np.repeat(np.arange(n), lengths)
     cols = np.arange(len(values)) - np.repeat(offsets[:-1] - offsets[0], lengths)
     out = np.zeros((n, k_max, d), np.float32)
@@ -103,18 +208,22 @@ def _pad_to(parts: list[np.ndarray], k: int) -> list[np.ndarray]:
     return [np.pad(x, ((0, 0), (0, k - x.shape[1])) + ((0, 0),) * (x.ndim - 2)) for x in parts]
 
 
-def load_arrays(batches, candidates: bool = True) -> dict[str, np.ndarray]:
-    """Concatenate pyarrow batches of encoded transitions into the arrays training needs."""
+def load_arrays(batches, candidates: bool = True, vectors: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Concatenate pyarrow batches of encoded transitions into the arrays training needs; the
+    references of a reference-layout dataset are gathered from `vectors` (its `vector_table`)."""
     parts: dict[str, list] = {k: [] for k in (*ARRAY_COLUMNS, "features", "tool", "cand", "cand_mask", "cand_f")}
     for b in batches:
-        if candidates and "candidate_emb" in b.column_names:
-            cand, mask = _padded(b.column("candidate_emb"))
+        names = b.column_names
+        if candidates and ("candidate_emb" in names or "candidate_ref" in names):
+            cand, mask = (_padded(b.column("candidate_emb")) if "candidate_emb" in names
+                          else _padded(b.column("candidate_ref"), vectors=_needed(vectors)))
             parts["cand"].append(cand)
             parts["cand_mask"].append(mask)
             parts["cand_f"].append(_padded(b.column("candidate_features"), len(FEATURE_NAMES))[0][:, : cand.shape[1]])
         for k in ("state_emb", "action_emb", "next_state_emb"):
-            if k in b.column_names:  # a reader head's data embeds no rendered states (encoder.state_texts)
-                parts[k].append(_matrix(b.column(k)))
+            v = vectors_of(b, k, vectors)
+            if v is not None:  # a reader head's data embeds no rendered states (encoder.state_texts)
+                parts[k].append(v)
         parts["features"].append(_features(b.column("features")))
         parts["tool"].append(np.array(b.column("tool").to_pylist(), dtype=object))
         parts["reward"].append(b.column("reward").to_numpy(zero_copy_only=False).astype(np.float32))
@@ -126,3 +235,52 @@ def load_arrays(batches, candidates: bool = True) -> dict[str, np.ndarray]:
         for key in ("cand", "cand_mask", "cand_f"):
             parts[key] = _pad_to(parts[key], k)
     return {k: np.concatenate(v) for k, v in parts.items() if v}
+
+
+# ---- one streaming pass for what the driver needs -----------------------------------------------
+SAMPLE_STATES = 20_000  # training states kept for the OOD reference (ood.fit_reference keeps 2048 of them)
+
+
+def keep_rows(batch: pa.Table, share: float, seed: int) -> np.ndarray:
+    """A seeded sample of about `share` of the rows, by each row's (episode_id, step_idx), so the
+    same rows are kept whatever the order or the batching the rows come in."""
+    import zlib
+
+    if share >= 1:
+        return np.ones(batch.num_rows, bool)
+    keys = zip(batch.column("episode_id").to_pylist(), batch.column("step_idx").to_pylist())
+    return np.array([zlib.crc32(f"{seed}:{e}:{s}".encode()) < share * 2**32 for e, s in keys], bool)
+
+
+class DataStats:
+    """What the train job's driver needs of the whole dataset, from one pass a batch at a time: the
+    row count, the history features' mean and std, the tools called, the largest |return|, the
+    vector width and a sample of the training states' vectors (the OOD reference is drawn from it)."""
+
+    def __init__(self, batches, n_rows: int, vectors: np.ndarray | None, seed: int = 0,
+                 sample_states: int = SAMPLE_STATES):
+        from collections import Counter
+
+        share = sample_states / max(n_rows, 1)
+        self.rows, self.max_abs_return = 0, 0.0
+        self.dim = int(vectors.shape[1]) if vectors is not None else 0
+        self.tools: Counter = Counter()
+        total = squares = None
+        states = []
+        for b in batches:
+            self.rows += b.num_rows
+            f = _features(b.column("features")).astype(np.float64)
+            total, squares = (f.sum(0), (f * f).sum(0)) if total is None else (total + f.sum(0), squares + (f * f).sum(0))
+            self.tools.update(b.column("tool").to_pylist())
+            ret = np.abs(b.column("return_to_go").to_numpy(zero_copy_only=False))
+            self.max_abs_return = max(self.max_abs_return, float(ret.max()) if len(ret) else 0.0)
+            s = vectors_of(b.filter(pa.array(keep_rows(b, share, seed))), "state_emb", vectors)
+            if s is not None:
+                states.append(s)
+            a = vectors_of(b.slice(0, 1), "action_emb", vectors)
+            self.dim = self.dim or (a.shape[1] if a is not None else 0)
+        n = max(self.rows, 1)
+        self.feature_mean = total / n if total is not None else np.zeros(0)
+        self.feature_std = np.sqrt(np.maximum(squares / n - self.feature_mean ** 2, 0)) if total is not None \
+            else np.zeros(0)
+        self.states = np.concatenate(states) if states else None  # None: the data embeds no rendered states

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from harnessrl import settings, storage
+from harnessrl.encoded_data import parquet_files
 
 KEYS = ["episode_id", "step_idx"]
 # dataset name -> (folder under the run's output, sort keys of its digest), in pipeline order
@@ -29,7 +30,9 @@ DATASETS: dict[str, tuple[tuple[str, ...], list[str]]] = {
     "steps": (("ingest", "steps"), KEYS),
     "transitions": (("transitions",), KEYS),
     "encoded": (("encoded", "data"), KEYS),
+    "vectors": (("encoded", "_texts"), ["text_hash"]),  # the distinct-text table encoded rows reference
 }
+DIGEST_COLUMNS = {"vectors": ["text_hash", "emb"]}  # datasets digested on some columns only (else all)
 
 
 def table_digest(table: pa.Table, keys: list[str]) -> str:
@@ -40,10 +43,11 @@ def table_digest(table: pa.Table, keys: list[str]) -> str:
     return "sha256:" + hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()
 
 
-def dataset_digest(uri: str, keys: list[str]) -> str:
-    """Digest of every row and column of the Parquet dataset at `uri`."""
+def dataset_digest(uri: str, keys: list[str], columns: list[str] | None = None) -> str:
+    """Digest of every row (and column, or of `columns`) of the Parquet dataset at `uri`."""
     fs, path = storage.filesystem(uri)
-    table = pads.dataset(path, filesystem=fs, format="parquet", exclude_invalid_files=True).to_table()
+    files = parquet_files(fs, path) if columns else path  # a folder with files of several schemas: its files
+    table = pads.dataset(files, filesystem=fs, format="parquet", exclude_invalid_files=True).to_table(columns=columns)
     return table_digest(table, keys)
 
 
@@ -61,7 +65,8 @@ def absolute_sources(specs: list[str]) -> list[str]:
 def run_digests(output_dir: str, raw_digest: str) -> dict[str, str]:
     """Our digests of every dataset of a pipeline run (the raw corpus's is given)."""
     return {"raw": raw_digest,
-            **{name: dataset_digest(dataset_uri(output_dir, name), keys) for name, (_, keys) in DATASETS.items()}}
+            **{name: dataset_digest(dataset_uri(output_dir, name), keys, DIGEST_COLUMNS.get(name))
+               for name, (_, keys) in DATASETS.items()}}
 
 
 # ---- the chain of a registered model -------------------------------------------------------------
@@ -130,7 +135,7 @@ def verify(c: Chain, raw_sources: list[str] | None = None) -> Chain:
                 specs = raw_sources if raw_sources is not None else [s.strip() for s in link.location.split(",")]
                 link.current = storage.digest_sources(storage.expand_sources(specs))
             else:
-                link.current = dataset_digest(link.location, DATASETS[link.name][1])
+                link.current = dataset_digest(link.location, DATASETS[link.name][1], DIGEST_COLUMNS.get(link.name))
         except (DataError, OSError, pa.ArrowException):
             link.current, link.status = None, "MISSING"
             continue

@@ -43,7 +43,9 @@ def test_killed_encoder_actor_encodes_every_row_once(encoded, work, tmp_path):
         killer.stop()
     assert killer.killed, "no encoder actor was running once the first block was written"
 
-    rows = table(out / "data")
+    from harnessrl.encoded_data import read_table
+
+    rows = read_table(str(out))
     assert rows.num_rows == subset.num_rows == result.rows
     keys = Counter(zip(rows.column("episode_id").to_pylist(), rows.column("step_idx").to_pylist()))
     assert max(keys.values()) == 1
@@ -52,7 +54,7 @@ def test_killed_encoder_actor_encodes_every_row_once(encoded, work, tmp_path):
     assert len(hashes) == len(set(hashes)) == result.texts_distinct == result.texts_encoded
 
     # The same vectors as the session's encode (undisturbed, same model): nothing mixed up by the retry.
-    ref = table(work["dir"] / "encoded" / "data")
+    ref = read_table(str(work["dir"] / "encoded"))
     ref_by_key = {k: i for i, k in enumerate(zip(ref.column("episode_id").to_pylist(), ref.column("step_idx").to_pylist()))}
     order = [ref_by_key[k] for k in zip(rows.column("episode_id").to_pylist(), rows.column("step_idx").to_pylist())]
     for col in ("state_emb", "action_emb", "next_state_emb"):

@@ -1,5 +1,7 @@
-"""Ray Train fault tolerance: a training worker killed with SIGKILL mid-run; the worker group
-restarts from the last checkpoint and the step count continues from there to the end."""
+"""Ray Train fault tolerance: a training worker killed with SIGKILL mid-run while it streams its
+shard (rows referencing the distinct-text table); the worker group restarts from the last
+checkpoint, the step count continues from there to the end, and no checkpoint folder is left
+beyond the ones Ray Train keeps."""
 
 from __future__ import annotations
 
@@ -63,3 +65,10 @@ def test_killed_worker_resumes_from_last_checkpoint(encoded, work):
     # The restarted group resumed from a checkpoint (a multiple of EVERY), not from step 0.
     assert metrics["resumed_from_step"] >= EVERY and metrics["resumed_from_step"] % EVERY == 0
     assert time.time() > killed_at
+    # the rows it streamed hold references into the distinct-text table, not copies of vectors
+    from harnessrl.encoded_data import references
+
+    assert references(str(work["dir"] / "encoded"))
+    # no orphaned checkpoint: what is left is what Ray Train keeps (CheckpointConfig(num_to_keep=2))
+    left = sorted(p.name for p in run_dir.glob("checkpoint_*") if p.is_dir())
+    assert len(left) <= 2 and all((run_dir / n / "state.safetensors").is_file() for n in left), left

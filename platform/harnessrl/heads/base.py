@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Iterable, Sequence
 
 import numpy as np
@@ -36,7 +36,8 @@ class DriverData:
     reward_scale: float
     encoder_name: str
     seed: int = 0
-    arrays: dict[str, np.ndarray] = field(default_factory=dict)  # the frozen embeddings, when read
+    stats: Any = None  # harnessrl.encoded_data.DataStats: one streaming pass's counts, tools, state sample
+    vectors: np.ndarray | None = None  # the distinct-text table the rows' references point into (None: copies)
     encoded_dir: str = ""  # the encoded dataset (its `_texts` table: every distinct text's embedding)
     calibration: Any = None  # held-out rows (task groups kept out of training): the thresholds are set on them
 
@@ -44,6 +45,75 @@ class DriverData:
     def calibration_rows(self):
         """The rows the fallback threshold is set on: the held-out ones, else the training data."""
         return self.calibration if self.calibration is not None else self.ds
+
+    def calibration_arrays(self):
+        """The calibration rows as training arrays (vectors gathered), a batch at a time."""
+        from harnessrl.encoded_data import load_arrays
+
+        for b in self.calibration_rows.iter_batches(batch_size=8192, batch_format="pyarrow"):
+            yield load_arrays([b], candidates=False, vectors=self.vectors)
+
+    def held_out_states(self, limit: int = 4096) -> np.ndarray | None:
+        """A seeded sample of the held-out rows' state vectors (the OOD threshold's probes); None
+        without held-out rows or rendered-state vectors."""
+        import pyarrow as pa
+
+        from harnessrl.encoded_data import keep_rows, vectors_of
+
+        if self.calibration is None:
+            return None
+        share, parts = limit / max(self.calibration.count(), 1), []
+        for b in self.calibration.iter_batches(batch_size=8192, batch_format="pyarrow"):
+            v = vectors_of(b.filter(pa.array(keep_rows(b, share, self.seed))), "state_emb", self.vectors)
+            if v is None:
+                return None
+            parts.append(v)
+        return np.concatenate(parts) if parts else None
+
+
+class Shard:
+    """A training worker's part of a dataset: `iter_batches` is its reader's (Ray Train's
+    DataIterator.iter_batches), `vectors` the table its references point into. Iterated, it yields
+    its pyarrow batches once (heads that hold their rows); `stream` yields training arrays of
+    exactly `batch_size` rows for ever, epoch after epoch through a local shuffle buffer, so a
+    worker holds a buffer of rows, never its whole shard."""
+
+    def __init__(self, iter_batches: Callable, vectors: np.ndarray | None = None):
+        self.iter_batches, self.vectors = iter_batches, vectors
+
+    def __iter__(self):
+        return iter(self.iter_batches(batch_size=4096, batch_format="pyarrow"))
+
+    def sample(self, batch_size: int, seed: int, candidates: bool = True):
+        """Training arrays of `batch_size` rows drawn uniformly (with replacement) from the whole
+        shard, gathered into memory once (`train.replay: memory`)."""
+        from harnessrl.encoded_data import load_arrays
+
+        rows = load_arrays(self, candidates, self.vectors)
+        n, rng = shard_size(rows), np.random.default_rng(seed)
+        while True:
+            idx = rng.integers(0, n, batch_size)
+            yield {k: v[idx] for k, v in rows.items()}
+
+    def stream(self, batch_size: int, seed: int, shuffle_buffer: int, candidates: bool = True):
+        import pyarrow as pa
+
+        from harnessrl.encoded_data import load_arrays
+
+        pending, epoch = None, 0
+        while True:
+            shuffle = {"local_shuffle_buffer_size": shuffle_buffer, "local_shuffle_seed": seed + epoch} \
+                if shuffle_buffer else {}
+            rows = 0
+            for b in self.iter_batches(batch_size=batch_size, batch_format="pyarrow", prefetch_batches=2, **shuffle):
+                rows += b.num_rows
+                pending = b if pending is None else pa.concat_tables([pending, b])
+                while pending.num_rows >= batch_size:  # a shard smaller than a batch fills it over epochs
+                    yield load_arrays([pending.slice(0, batch_size)], candidates, self.vectors)
+                    pending = pending.slice(batch_size)
+            if rows == 0:
+                raise RuntimeError("a training worker got an empty shard")
+            epoch += 1
 
 
 class Learners:
@@ -176,8 +246,9 @@ class Head(ABC):
     @abstractmethod
     def worker(self, config: dict[str, Any], shard: Iterable, val: Iterable | None, world: int, device,
                wrap: Callable | None = None) -> WorkerSetup:
-        """Inside a Ray Train worker: `shard` / `val` are the worker's pyarrow batches; `wrap` puts a
-        network on the worker's device and wraps it for DDP (the train loop's; default: to `device`)."""
+        """Inside a Ray Train worker: `shard` / `val` are the worker's data (a `Shard`, or any iterable
+        of pyarrow batches for heads that hold their rows); `wrap` puts a network on the worker's
+        device and wraps it for DDP (the train loop's; default: to `device`)."""
 
     @abstractmethod
     def export(self, checkpoint_dir: str, config: dict[str, Any], prefix: str, data: DriverData) -> Exported:

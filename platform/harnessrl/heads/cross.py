@@ -124,7 +124,7 @@ class CrossHead(Head):
         network = CrossConfig(layers=c.layers, max_length=c.max_length, hidden_dim=cfg.hidden_dim, gamma=cfg.gamma,
                               expectile=cfg.expectile, lr=cfg.lr, trunk_lr=c.trunk_lr, alpha=cfg.alpha,
                               feature_dim=data.feature_dim, bf16=cfg.precision == "bfloat16")
-        if data.arrays.get("tool") is not None and len(set(data.arrays["tool"].tolist())) > 1 and cfg.tool_head != "none":
+        if data.stats is not None and len(data.stats.tools) > 1 and cfg.tool_head != "none":
             log.warning("train: the data calls several tools but the cross head trains no tool head "
                         "(train.head: frozen has one)")
         return {"network": network.to_dict(), "encoder_name": data.encoder_name, "batch_size": c.batch_size}
@@ -190,13 +190,7 @@ class CrossHead(Head):
         f = torch.from_numpy(ok["features"]) if data.feature_dim else None
         q = scorer.min_q(ok["state_text"], ok["action_text"], f).numpy()
         log.info("train: cross head exported (%s weights); fallback threshold from %d rows", prefix or "last", len(q))
-        held = None
-        if data.calibration is not None:
-            from harnessrl.encoded_data import load_arrays
-
-            held = load_arrays(data.calibration.iter_batches(batch_size=8192, batch_format="pyarrow"),
-                               candidates=False).get("state_emb")
-        return Exported(CrossHeadScorer(scorer), q, ood_held_out=held)
+        return Exported(CrossHeadScorer(scorer), q, ood_held_out=data.held_out_states())
 
     def save(self, directory, scorer: CrossHeadScorer) -> None:
         from harnessrl.algorithms.cross import save_trunk_files

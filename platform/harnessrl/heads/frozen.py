@@ -2,9 +2,11 @@
 encode stage's frozen sentence embeddings (harnessrl.algorithms.iql), and, when the data calls two
 or more tools, the tool head beside it on the same batches (harnessrl.algorithms.discrete).
 
-A worker holds its shard's embeddings as tensors and samples minibatches from them (the standard
-offline-RL replay). At run time the critic embeds the state text and every candidate (through its
-LRU) and scores all pairs in one forward pass.
+A worker streams its shard (`Shard.stream`: a local shuffle buffer of rows, epoch after epoch)
+and gathers each minibatch's vectors from the distinct-text table the rows reference, so its
+memory follows the buffer and the table, not the corpus (`train.replay: memory` holds the shard
+instead). At run time the critic embeds the state text and every candidate (through its LRU)
+and scores all pairs in one forward pass.
 """
 
 from __future__ import annotations
@@ -15,10 +17,22 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from harnessrl.errors import DataError
-from harnessrl.heads.base import (DriverData, Exported, Head, Learners, Scorer, Validation, WorkerSetup, shard_size,
-                                  successful_mask)
+from harnessrl.heads.base import DriverData, Exported, Head, Learners, Scorer, Validation, WorkerSetup, successful_mask
 
 CHUNK = 8192  # rows per forward pass when scoring the whole dataset
+VALIDATION_ROWS = 8192  # held-out rows each validation scores: a seeded sample of a larger held-out set
+
+
+def validation_sample(val, config: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The held-out rows a worker validates on, their vectors gathered once (`val`: its Shard). The
+    sample is by row key, so every rank holds the same rows and agrees on the best step."""
+    import pyarrow as pa
+
+    from harnessrl.encoded_data import keep_rows, load_arrays
+
+    share = VALIDATION_ROWS / max(config.get("val_rows") or 1, 1)
+    return load_arrays([b.filter(pa.array(keep_rows(b, share, config["seed"]))) for b in val], candidates=False,
+                       vectors=getattr(val, "vectors", None))
 
 
 class FrozenValidation(Validation):
@@ -93,7 +107,7 @@ def defined_tools_of(ds) -> list[str]:
     return sorted(t for t in found if t)
 
 
-def tool_head_config(cfg, tools: Sequence[str], state_dim: int, defined: Sequence[str] = ()
+def tool_head_config(cfg, tools: Iterable[str] | Counter, state_dim: int, defined: Sequence[str] = ()
                      ) -> tuple[dict | None, list[str]]:
     """The tool head's DiscreteConfig (as a dict) and vocabulary (tools called, then tools defined
     but never called, capped at `max_tools`), or (None, vocab) when there is nothing to choose
@@ -101,7 +115,7 @@ def tool_head_config(cfg, tools: Sequence[str], state_dim: int, defined: Sequenc
     from harnessrl.algorithms.discrete import DiscreteConfig
     from harnessrl.features import tool_vocabulary
 
-    vocab = tool_vocabulary(Counter(list(tools)), cfg.max_tools, defined)
+    vocab = tool_vocabulary(Counter(tools), cfg.max_tools, defined)
     if cfg.tool_head == "none" or len(vocab) < 2:
         return None, vocab
     head = DiscreteConfig(state_dim=state_dim, n_actions=len(vocab), hidden_dim=cfg.hidden_dim, gamma=cfg.gamma,
@@ -116,15 +130,14 @@ class FrozenHead(Head):
     def loop_config(self, cfg, data: DriverData) -> dict[str, Any]:
         from harnessrl.algorithms.iql import IQLConfig
 
-        arrays = data.arrays
-        if "state_emb" not in arrays:
+        if data.stats.states is None:
             raise DataError("the encoded data has no state embeddings (encoded with encoder.state_texts: false, for "
                             "train.head: reader): the frozen head needs them; rerun the encode stage")
-        network = IQLConfig(state_dim=arrays["state_emb"].shape[1], action_dim=arrays["action_emb"].shape[1],
+        network = IQLConfig(state_dim=data.stats.dim, action_dim=data.stats.dim,
                             hidden_dim=cfg.hidden_dim, gamma=cfg.gamma, expectile=cfg.expectile, polyak=cfg.polyak,
                             lr=cfg.lr, alpha=cfg.alpha, feature_dim=data.feature_dim,
                             bf16=cfg.precision == "bfloat16")
-        tool_head, vocab = tool_head_config(cfg, arrays["tool"].tolist(), network.state_dim, defined_tools_of(data.ds))
+        tool_head, vocab = tool_head_config(cfg, data.stats.tools, network.state_dim, defined_tools_of(data.ds))
         return {"network": network.to_dict(), "tool_head": tool_head, "tool_vocab": vocab}
 
     def worker(self, config, shard: Iterable, val: Iterable | None, world: int, device, wrap=None) -> WorkerSetup:
@@ -132,12 +145,9 @@ class FrozenHead(Head):
 
         from harnessrl.algorithms.discrete import DiscreteConfig, DiscreteLearner, DiscreteNetwork
         from harnessrl.algorithms.iql import IQLConfig, IQLLearner, IQLNetwork
-        from harnessrl.encoded_data import load_arrays
         from harnessrl.features import tool_ids
 
         wrap = wrap or (lambda net: net.to(device))
-        data = load_arrays(shard)
-        n = shard_size(data)
         cfg = IQLConfig(**config["network"])
         net = IQLNetwork(cfg)
         if cfg.feature_dim:
@@ -145,38 +155,35 @@ class FrozenHead(Head):
         tool_cfg = DiscreteConfig(**config["tool_head"]) if config.get("tool_head") else None
         learners = Learners(IQLLearner(cfg, wrap(net)),
                             DiscreteLearner(tool_cfg, wrap(DiscreteNetwork(tool_cfg))) if tool_cfg else None)
-        t = {k: torch.from_numpy(data[k]) for k in ("state_emb", "action_emb", "next_state_emb", "reward", "done")}
-        t["reward"] = t["reward"] * config["reward_scale"]
-        use_f = cfg.feature_dim > 0
-        if use_f:
-            t["features"] = torch.from_numpy(data["features"])
-        use_cand = cfg.alpha > 0 and "cand" in data and data["cand"].shape[1] > 0
-        if use_cand:
-            t["cand"], t["cand_mask"] = torch.from_numpy(data["cand"]), torch.from_numpy(data["cand_mask"])
-            t["cand_f"] = torch.from_numpy(data["cand_f"])
-        if learners.tools is not None:
-            t["tool_id"] = torch.tensor(tool_ids(config["tool_vocab"], data["tool"].tolist()))
-        t = {k: v.to(device) for k, v in t.items()}  # the shard lives where the network does
+        use_f, use_cand = cfg.feature_dim > 0, cfg.alpha > 0
         per_worker = max(1, config["batch_size"] // world)
+        # the shard streams (a shuffle buffer of rows, their vectors gathered a batch at a time) or is held whole
+        batches = (shard.sample(per_worker, config["seed"], candidates=use_cand) if config.get("replay") == "memory"
+                   else shard.stream(per_worker, config["seed"], config.get("shuffle_buffer", 0), candidates=use_cand))
 
         def step(gen: torch.Generator) -> dict[str, float]:
-            idx = torch.randint(n, (per_worker,), generator=gen)
-            s, s2, r, done = t["state_emb"][idx], t["next_state_emb"][idx], t["reward"][idx], t["done"][idx]
-            f = t["features"][idx] if use_f else None
+            b = next(batches)
+            t = {k: torch.from_numpy(b[k]).to(device) for k in ("state_emb", "action_emb", "next_state_emb", "reward",
+                                                                "done")}
+            s, s2, done, r = t["state_emb"], t["next_state_emb"], t["done"], t["reward"] * config["reward_scale"]
+            f = torch.from_numpy(b["features"]).to(device) if use_f else None
             cand = cand_mask = cand_f = None
-            if use_cand:  # a few untaken candidates per state keep the penalty's cost bounded
-                cols = torch.randperm(t["cand"].shape[1], generator=gen)[: config["candidates_per_step"]]
-                cand, cand_mask = t["cand"][idx][:, cols], t["cand_mask"][idx][:, cols]
-                cand_f = t["cand_f"][idx][:, cols] if use_f else None
-            metrics = learners.critic.update(s, t["action_emb"][idx], r, s2, done, f, cand, cand_mask, cand_f)
+            if use_cand and "cand" in b and b["cand"].shape[1] > 0:
+                # a few untaken candidates per state keep the penalty's cost bounded
+                cols = torch.randperm(b["cand"].shape[1], generator=gen)[: config["candidates_per_step"]].numpy()
+                cand = torch.from_numpy(b["cand"][:, cols]).to(device)
+                cand_mask = torch.from_numpy(b["cand_mask"][:, cols]).to(device)
+                cand_f = torch.from_numpy(b["cand_f"][:, cols]).to(device) if use_f else None
+            metrics = learners.critic.update(s, t["action_emb"], r, s2, done, f, cand, cand_mask, cand_f)
             if learners.tools is not None:
+                tool_id = torch.tensor(tool_ids(config["tool_vocab"], b["tool"].tolist()), device=device)
                 metrics.update({f"tool_{k}": v for k, v in learners.tools.update(
-                    s, t["tool_id"][idx], r, s2, done, adv=learners.critic.advantage).items()})
+                    s, tool_id, r, s2, done, adv=learners.critic.advantage).items()})
             return metrics
 
         validation = None
         if val is not None:
-            validation = FrozenValidation(load_arrays(val, candidates=False), config["reward_scale"], cfg.gamma, use_f)
+            validation = FrozenValidation(validation_sample(val, config), config["reward_scale"], cfg.gamma, use_f)
         return WorkerSetup(learners, step, validation)
 
     def export(self, checkpoint_dir, config, prefix, data: DriverData) -> Exported:
@@ -194,20 +201,17 @@ class FrozenHead(Head):
             tools_net = DiscreteNetwork(DiscreteConfig(**config["tool_head"]))
             load_network_weights(checkpoint_dir, tools_net, name=f"{prefix}tools")
             tools = (tools_net, config["tool_head"])
-        from harnessrl.encoded_data import load_arrays
-
-        arrays = data.arrays
-        held = None
-        if data.calibration is not None:
-            held = load_arrays(data.calibration.iter_batches(batch_size=8192, batch_format="pyarrow"), candidates=False)
-            arrays = held
-        mask = successful_mask(arrays["outcome_success"])
-        s, a = torch.from_numpy(arrays["state_emb"][mask]), torch.from_numpy(arrays["action_emb"][mask])
-        f = torch.from_numpy(arrays["features"][mask]) if data.feature_dim else None
+        q, ok = [], []  # Q(s, a) of every calibration row, a batch at a time; the rows of successful episodes kept
         with torch.no_grad():
-            q = torch.cat([net.q.min_q(s[i:i + CHUNK], a[i:i + CHUNK], f[i:i + CHUNK] if f is not None else None)
-                           for i in range(0, len(s), CHUNK)]) if len(s) else torch.zeros(0)
-        return Exported(FrozenScorer(net), q.numpy(), tools, ood_held_out=held["state_emb"] if held else None)
+            for arrays in data.calibration_arrays():
+                s, a = torch.from_numpy(arrays["state_emb"]), torch.from_numpy(arrays["action_emb"])
+                f = torch.from_numpy(arrays["features"]) if data.feature_dim else None
+                q += [net.q.min_q(s[i:i + CHUNK], a[i:i + CHUNK], f[i:i + CHUNK] if f is not None else None)
+                      for i in range(0, len(s), CHUNK)]
+                ok.append(arrays["outcome_success"])
+        q = torch.cat(q).numpy() if q else np.zeros(0, np.float32)
+        mask = successful_mask(np.concatenate(ok)) if ok else np.zeros(0, bool)
+        return Exported(FrozenScorer(net), q[mask], tools, ood_held_out=data.held_out_states())
 
     def save(self, directory, scorer: FrozenScorer) -> None:
         from harnessrl.model_files import WEIGHTS, save_weights

@@ -251,7 +251,7 @@ class ReaderHead(Head):
         from harnessrl.algorithms.reader import ReaderConfig
 
         r = cfg.reader
-        dim = int(data.arrays["action_emb"].shape[1])
+        dim = data.stats.dim
         word = word_embeddings(data.encoder_name)
         network = ReaderConfig(sem_dim=dim, word_dim=int(word.shape[1]), dim=r.dim, conv_layers=r.conv_layers,
                                heads=r.heads, segment_tokens=r.segment_tokens, state_tokens=r.state_tokens,
