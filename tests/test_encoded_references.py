@@ -67,9 +67,9 @@ def test_references_read_as_the_copies_they_name():
 
 def test_sampled_rows_follow_their_keys_not_their_order():
     table, _ = _rows(400)
-    kept = table.filter(pa.array(encoded_data.keep_rows(table, 0.25, seed=3)))
+    kept = encoded_data.sampled(table, 0.25, seed=3)
     shuffled = table.take(np.random.default_rng(1).permutation(table.num_rows))
-    again = shuffled.filter(pa.array(encoded_data.keep_rows(shuffled, 0.25, seed=3)))
+    again = encoded_data.sampled(shuffled, 0.25, seed=3)
     key = lambda t: sorted(zip(t.column("episode_id").to_pylist(), t.column("step_idx").to_pylist()))  # noqa: E731
     assert key(kept) == key(again) and 40 < kept.num_rows < 160
     assert encoded_data.keep_rows(table, 1.0, seed=3).all()

@@ -110,21 +110,21 @@ def vector_table(encoded_dir: str) -> np.ndarray | None:
                       int(meta["encoder"]["dim"]))[1]
 
 
-def read_table(encoded_dir: str, columns: list[str] | None = None) -> pa.Table:
+def read_table(encoded_dir: str) -> pa.Table:
     """The encoded rows as one table with their vectors in it whatever the layout (`state_emb`, ...,
     `candidate_emb`): for tools, benchmarks and tests that read a dataset whole."""
     import pyarrow.dataset as pads
 
     fs, path = storage.filesystem(storage.join(encoded_dir, "data"))
     table = pads.dataset(path, filesystem=fs, format="parquet").to_table()
-    return with_vectors(table, vector_table(encoded_dir), columns)
+    return with_vectors(table, vector_table(encoded_dir))
 
 
-def with_vectors(table: pa.Table, vectors: np.ndarray | None, columns: list[str] | None = None) -> pa.Table:
+def with_vectors(table: pa.Table, vectors: np.ndarray | None) -> pa.Table:
     """`table` with each reference column replaced by the vectors it names (typed as the copies
     layout reads back from Parquet, so the two compare equal)."""
     if vectors is None:
-        return table.select(columns) if columns else table
+        return table
     emb_type = pa.list_(pa.field("element", pa.float16() if vectors.dtype == np.float16 else pa.float32()),
                         vectors.shape[1])
 
@@ -139,7 +139,7 @@ def with_vectors(table: pa.Table, vectors: np.ndarray | None, columns: list[str]
         value = (pa.ListArray.from_arrays(col.offsets, embeddings(col.values), type=pa.list_(pa.field("element", emb_type)))
                  if emb == "candidate_emb" else embeddings(col))
         table = table.set_column(table.schema.get_field_index(ref), emb, value)
-    return table.select(columns) if columns else table
+    return table
 
 
 # ---- rows as arrays ---------------------------------------------------------------------------
@@ -252,6 +252,11 @@ def keep_rows(batch: pa.Table, share: float, seed: int) -> np.ndarray:
     return np.array([zlib.crc32(f"{seed}:{e}:{s}".encode()) < share * 2**32 for e, s in keys], bool)
 
 
+def sampled(batch: pa.Table, share: float, seed: int) -> pa.Table:
+    """The rows of `batch` that `keep_rows` keeps."""
+    return batch if share >= 1 else batch.filter(pa.array(keep_rows(batch, share, seed)))
+
+
 class DataStats:
     """What the train job's driver needs of the whole dataset, from one pass a batch at a time: the
     row count, the history features' mean and std, the tools called, the largest |return|, the
@@ -274,11 +279,12 @@ class DataStats:
             self.tools.update(b.column("tool").to_pylist())
             ret = np.abs(b.column("return_to_go").to_numpy(zero_copy_only=False))
             self.max_abs_return = max(self.max_abs_return, float(ret.max()) if len(ret) else 0.0)
-            s = vectors_of(b.filter(pa.array(keep_rows(b, share, seed))), "state_emb", vectors)
+            s = vectors_of(sampled(b, share, seed), "state_emb", vectors)
             if s is not None:
                 states.append(s)
-            a = vectors_of(b.slice(0, 1), "action_emb", vectors)
-            self.dim = self.dim or (a.shape[1] if a is not None else 0)
+            if not self.dim:  # copies: the width of the first batch's vectors
+                a = vectors_of(b.slice(0, 1), "action_emb", vectors)
+                self.dim = a.shape[1] if a is not None else 0
         n = max(self.rows, 1)
         self.feature_mean = total / n if total is not None else np.zeros(0)
         self.feature_std = np.sqrt(np.maximum(squares / n - self.feature_mean ** 2, 0)) if total is not None \

@@ -56,15 +56,13 @@ class DriverData:
     def held_out_states(self, limit: int = 4096) -> np.ndarray | None:
         """A seeded sample of the held-out rows' state vectors (the OOD threshold's probes); None
         without held-out rows or rendered-state vectors."""
-        import pyarrow as pa
-
-        from harnessrl.encoded_data import keep_rows, vectors_of
+        from harnessrl.encoded_data import sampled, vectors_of
 
         if self.calibration is None:
             return None
         share, parts = limit / max(self.calibration.count(), 1), []
         for b in self.calibration.iter_batches(batch_size=8192, batch_format="pyarrow"):
-            v = vectors_of(b.filter(pa.array(keep_rows(b, share, self.seed))), "state_emb", self.vectors)
+            v = vectors_of(sampled(b, share, self.seed), "state_emb", self.vectors)
             if v is None:
                 return None
             parts.append(v)

@@ -26,12 +26,10 @@ VALIDATION_ROWS = 8192  # held-out rows each validation scores: a seeded sample 
 def validation_sample(val, config: dict[str, Any]) -> dict[str, np.ndarray]:
     """The held-out rows a worker validates on, their vectors gathered once (`val`: its Shard). The
     sample is by row key, so every rank holds the same rows and agrees on the best step."""
-    import pyarrow as pa
-
-    from harnessrl.encoded_data import keep_rows, load_arrays
+    from harnessrl.encoded_data import load_arrays, sampled
 
     share = VALIDATION_ROWS / max(config.get("val_rows") or 1, 1)
-    return load_arrays([b.filter(pa.array(keep_rows(b, share, config["seed"]))) for b in val], candidates=False,
+    return load_arrays([sampled(b, share, config["seed"]) for b in val], candidates=False,
                        vectors=getattr(val, "vectors", None))
 
 
