@@ -7,8 +7,13 @@ Ray Train, the pipeline's defaults) at 100k and 1M transitions, side by side in 
            vectors into memory, then samples minibatches (run at the smaller size only: at 1M it
            needs about 20 GB)
 
+Each run reads the rows where `train.rows: auto` puts them (the object store when they take at
+most a quarter of it: both sizes on a 24 GB machine); at the largest size one more run streams
+them from their Parquet files (`train.rows: files`, the path of a corpus beyond the store).
+
 Per run, in a fresh process (its own local Ray): the peak PSS of the process and every process
-under it (the driver, Ray's GCS, raylet, object store and workers), sampled every 0.25 s, and
+under it (the driver, Ray's GCS, raylet, object store and workers; by process name at the
+peak), sampled every 0.25 s, and
 the train job's steps/s over its last log window. Besides, the encoded data's bytes per
 transition on disk in both layouts (`encoder.vectors: references | copies`) for the same rows.
 
@@ -114,8 +119,8 @@ def disk_bytes(folder: Path) -> int:
 
 
 # ---- one measured run (a child process) ----------------------------------------------------------
-def _pss_tree(root: int) -> int:
-    """PSS bytes of `root` and every process below it (Linux /proc)."""
+def _pss_tree(root: int) -> dict[str, int]:
+    """PSS bytes of `root` and every process below it (Linux /proc), by process name."""
     children: dict[int, list[int]] = {}
     for d in os.listdir("/proc"):
         if d.isdigit():
@@ -125,26 +130,44 @@ def _pss_tree(root: int) -> int:
                 children.setdefault(ppid, []).append(int(d))
             except OSError:
                 continue
-    total, todo = 0, [root]
+    by_name: dict[str, int] = {}
+    todo = [root]
     while todo:
         pid = todo.pop()
         todo += children.get(pid, [])
         try:
             with open(f"/proc/{pid}/smaps_rollup") as fh:
-                total += next(int(line.split()[1]) * 1024 for line in fh if line.startswith("Pss:"))
+                pss = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("Pss:"))
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                name = _process_name(fh.read().split(b"\0"), pid == root)
         except (OSError, StopIteration):
             continue
-    return total
+        by_name[name] = by_name.get(name, 0) + pss
+        by_name[f"{name} (processes)"] = by_name.get(f"{name} (processes)", 0) + 1
+    return by_name
+
+
+def _process_name(argv: list[bytes], root: bool) -> str:
+    """A short name for a process of the tree: the driver, a Ray worker by what it runs, a Ray daemon."""
+    if root:
+        return "driver"
+    first = argv[0].decode(errors="replace")
+    if first.startswith("ray::"):  # a Ray worker names itself by its task or actor
+        return first.split(".")[0].split("(")[0].strip()
+    return os.path.basename(first.split()[0]) if first else "?"
 
 
 class PeakPss:
     def __init__(self, every: float = 0.25):
-        self.every, self.peak, self._stop = every, 0, threading.Event()
+        self.every, self.peak, self.at_peak, self._stop = every, 0, {}, threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self):
         while not self._stop.is_set():
-            self.peak = max(self.peak, _pss_tree(os.getpid()))
+            by_name = _pss_tree(os.getpid())
+            total = sum(v for k, v in by_name.items() if not k.endswith("(processes)"))
+            if total > self.peak:
+                self.peak, self.at_peak = total, by_name
             self._stop.wait(self.every)
 
     def __enter__(self):
@@ -159,7 +182,7 @@ class PeakPss:
 def child(args) -> int:
     from harnessrl.config import TrainConfig
     from harnessrl.encoded_data import read_meta
-    from harnessrl.jobs.train import train
+    from harnessrl.jobs.train import rows_in, train
     from harnessrl.model_card import ModelCard
     from harnessrl.ray_runtime import init_ray
 
@@ -168,21 +191,26 @@ def child(args) -> int:
         t0 = time.time()
         init_ray()
         cfg = TrainConfig(steps=args.steps, batch_size=args.batch, replay=args.child, log_every=max(1, args.steps // 3),
-                          checkpoint_every=args.steps)
+                          checkpoint_every=args.steps, rows=args.rows_in)
+        where = rows_in(args.encoded, cfg.rows)
         card = ModelCard(head_config={}, encoder=read_meta(args.encoded)["encoder"], render={})
         result = train(args.encoded, str(work / "train"), cfg, f"scale-{args.child}", str(work / "model"), card)
         seconds = time.time() - t0
     Path(args.out).write_text(json.dumps({
-        "peak_pss_mb": round(pss.peak / 2**20, 1), "steps_per_s": result.metrics.get("steps_per_s"),
+        "peak_pss_mb": round(pss.peak / 2**20, 1), "rows_in": where,
+        "at_peak_mb": {k: round(v / 2**20, 1) for k, v in sorted(pss.at_peak.items(), key=lambda kv: -kv[1])
+                       if not k.endswith("(processes)")},
+        "processes_at_peak": {k[:-len(" (processes)")]: v for k, v in pss.at_peak.items() if k.endswith("(processes)")},
+        "steps_per_s": result.metrics.get("steps_per_s"),
         "train_seconds": round(result.seconds, 1), "seconds": round(seconds, 1),
         "load_seconds": result.metrics.get("load_seconds"), "loss_q": result.metrics.get("loss_q")}))
     return 0
 
 
-def measure(mode: str, encoded: Path, args) -> dict:
+def measure(mode: str, encoded: Path, args, where: str = "auto") -> dict:
     out = Path(tempfile.mkstemp(suffix=".json")[1])
     cmd = [sys.executable, __file__, "--child", mode, "--encoded", str(encoded), "--steps", str(args.steps),
-           "--batch", str(args.batch), "--out", str(out)]
+           "--batch", str(args.batch), "--rows-in", where, "--out", str(out)]
     load = os.getloadavg()[0]
     proc = subprocess.run(cmd, timeout=args.max_run_s)
     if proc.returncode:
@@ -198,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--layout-rows", type=int, default=20_000, help="rows written in both layouts for the disk size")
     p.add_argument("--no-memory", action="store_true", help="skip the replay: memory baseline")
+    p.add_argument("--no-files", action="store_true",
+                   help="skip the run at the largest size with the rows streamed from their files (train.rows: files)")
     p.add_argument("--max-run-s", type=float, default=1800, help="a measured run is stopped after this long")
     p.add_argument("--work-dir")
     p.add_argument("--seed", type=int, default=0)
@@ -205,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--child", choices=("stream", "memory"), help=argparse.SUPPRESS)
     p.add_argument("--encoded", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--rows-in", default="auto", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         return child(args)
@@ -221,23 +252,34 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for n in sizes:
         d = write_dataset(work / f"rows-{n}", n, args.distinct, args.seed)
-        modes = ["stream"] + (["memory"] if n == sizes[0] and not args.no_memory else [])
-        for mode in modes:
-            print(f"[scale] {n:,} transitions, replay {mode} (uptime load {os.getloadavg()[0]:.2f}) ...", flush=True)
-            r = {"rows": n, "replay": mode, **measure(mode, d, args)}
+        runs = [("stream", "auto")] + ([("memory", "auto")] if n == sizes[0] and not args.no_memory else []) \
+            + ([("stream", "files")] if n == sizes[-1] and len(sizes) > 1 and not args.no_files else [])
+        for mode, where in runs:
+            print(f"[scale] {n:,} transitions, replay {mode}, rows {where} (uptime load {os.getloadavg()[0]:.2f}) ...",
+                  flush=True)
+            r = {"rows": n, "replay": mode, "setting": where, **measure(mode, d, args, where)}
             rows.append(r)
-            print(f"[scale] {n:,} {mode}: peak PSS {r['peak_pss_mb']:,.0f} MB, {r['steps_per_s']:.1f} steps/s, "
-                  f"{r['seconds']:.0f} s", flush=True)
-    print("\n| transitions | replay | peak PSS (MB) | steps/s | train s | load avg before/after |\n|---|---|---|---|---|---|")
+            print(f"[scale] {n:,} {mode} (rows in {r['rows_in']}): peak PSS {r['peak_pss_mb']:,.0f} MB, "
+                  f"{r['steps_per_s']:.1f} steps/s, {r['seconds']:.0f} s; at the peak (MB): " + ", ".join(
+                      f"{k} x{r['processes_at_peak'][k]} {v:,.0f}" for k, v in r["at_peak_mb"].items() if v >= 50),
+                  flush=True)
+    print("\n| transitions | replay | rows in | peak PSS (MB) | steps/s | train s | load avg before/after |\n"
+          "|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['rows']:,} | {r['replay']} | {r['peak_pss_mb']:,.0f} | {r['steps_per_s']:.1f} | "
-              f"{r['train_seconds']:.0f} | {r['load_before']}/{r['load_after']} |")
-    stream = {r["rows"]: r for r in rows if r["replay"] == "stream"}
+        print(f"| {r['rows']:,} | {r['replay']} | {r['rows_in']}{'' if r['setting'] == 'auto' else ' (set)'} | "
+              f"{r['peak_pss_mb']:,.0f} | {r['steps_per_s']:.1f} | {r['train_seconds']:.0f} | "
+              f"{r['load_before']}/{r['load_after']} |")
+    stream = {r["rows"]: r for r in rows if r["replay"] == "stream" and r["setting"] == "auto"}
     ratios = {}
     if len(sizes) > 1:
         ratios["pss_largest_over_smallest"] = stream[sizes[-1]]["peak_pss_mb"] / stream[sizes[0]]["peak_pss_mb"]
-        print(f"peak PSS at {sizes[-1]:,} / at {sizes[0]:,} (stream): {ratios['pss_largest_over_smallest']:.2f}x "
-              "(target <= 1.25)")
+        print(f"peak PSS at {sizes[-1]:,} / at {sizes[0]:,} (stream, train.rows auto): "
+              f"{ratios['pss_largest_over_smallest']:.2f}x (target <= 1.25)")
+        files = [r for r in rows if r["setting"] == "files"]
+        if files:
+            ratios["pss_largest_files_over_smallest"] = files[0]["peak_pss_mb"] / stream[sizes[0]]["peak_pss_mb"]
+            print(f"peak PSS at {sizes[-1]:,} with the rows streamed from their files (train.rows: files) / at "
+                  f"{sizes[0]:,}: {ratios['pss_largest_files_over_smallest']:.2f}x")
     memory = [r for r in rows if r["replay"] == "memory"]
     if memory:
         ratios["stream_over_memory_steps"] = stream[sizes[0]]["steps_per_s"] / memory[0]["steps_per_s"]

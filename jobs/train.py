@@ -148,42 +148,51 @@ def split_validation(ds, fraction: float, seed: int) -> dict[str, Any]:
         mask = pc.is_in(pc.fill_null(pc.cast(batch["group_id"], pa.string()), "None"), value_set=held_groups)
         return batch.filter(mask if keep_held else pc.invert(mask))
 
+    # filtered as they are read, epoch after epoch: rows held in the object store are not held twice
     parts = {name: ds.map_batches(part, batch_format="pyarrow", fn_kwargs={"keep_held": name == "val"})
              for name in ("train", "val")}
-    from ray.data.dataset import MaterializedDataset
-
-    if isinstance(ds, MaterializedDataset):  # held in the object store: so are the parts
-        parts = {name: p.materialize() for name, p in parts.items()}
     log.info("train: %d of %d task groups (%d of %d transitions) held out for validation", len(held_groups),
              len(groups), parts["val"].count(), ds.count())
     return parts
 
 
-STORE_SHARE = 0.25  # encoded rows are held in the object store when they take at most this share of it
-PARQUET_EXPANSION = 4  # in-memory bytes per byte of (zstd) Parquet, about, for reference-layout rows
+STORE_SHARE = 0.25  # rows: auto holds the encoded rows in the object store when they take at most this share of it
+PARQUET_EXPANSION = 4  # in-memory bytes per byte of (zstd) Parquet, at most, for reference-layout rows
 
 
-def read_rows(encoded_dir: str):
-    """The encoded rows as a Ray dataset (references, not vectors, in the default layout): held in
-    the object store when they fit in a quarter of it, so an epoch reads memory (and 2 CPUs do not
-    deadlock on a lazy read beside the workers, see NOTES); else streamed from their files, epoch
-    after epoch, so no process holds the corpus."""
+def rows_in(encoded_dir: str, setting: str = "auto") -> str:
+    """Where the train job reads the encoded rows from (`train.rows`): "store" or "files"."""
     import pyarrow.fs as pafs
     import ray
 
     from harnessrl import storage
 
-    data = storage.join(encoded_dir, "data")
-    fs, path = storage.filesystem(data)
+    if setting != "auto":
+        return setting
+    fs, path = storage.filesystem(storage.join(encoded_dir, "data"))
     size = sum(i.size or 0 for i in fs.get_file_info(pafs.FileSelector(path, recursive=True))
                if i.type == pafs.FileType.File)
-    ds = ray.data.read_parquet(data)
-    budget = ray.cluster_resources().get("object_store_memory", 0) * STORE_SHARE
-    if size * PARQUET_EXPANSION <= budget:
-        return ds.materialize()
-    log.info("train: the encoded rows (%.1f GB of Parquet) are streamed from %s each epoch (more than a quarter of "
-             "the object store)", size / 1e9, data)
-    return ds
+    return "store" if size * PARQUET_EXPANSION <= ray.cluster_resources().get("object_store_memory", 0) * STORE_SHARE \
+        else "files"
+
+
+def read_rows(encoded_dir: str, where: str):
+    """The encoded rows as a Ray dataset (references, not vectors, in the default layout): held in
+    the object store (`where` "store": an epoch reads memory, and 2 CPUs do not deadlock on a lazy
+    read beside the workers, see NOTES), or streamed from their files epoch after epoch ("files"),
+    so no process holds the corpus, within Ray Data's streaming budget (blocks in flight, not the
+    corpus: `ray_runtime.object_store_budget`, the ingest's too, see `train`)."""
+    import ray
+
+    from harnessrl import storage
+    from harnessrl.ray_runtime import object_store_budget
+
+    data = storage.join(encoded_dir, "data")
+    if where == "store":
+        return ray.data.read_parquet(data).materialize()
+    log.info("train: the encoded rows are streamed from %s each epoch (train.rows: files)", data)
+    with object_store_budget():  # the dataset keeps the budget it was made under, and so do its splits
+        return ray.data.read_parquet(data)
 
 
 def validation_fraction(cfg: TrainConfig, ds) -> float:
@@ -267,6 +276,7 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
     from harnessrl.heads.base import DriverData
     from harnessrl.model_files import save_critic, save_ood_reference
     from harnessrl.ood import fit_reference
+    from harnessrl.ray_runtime import STREAM_OBJECT_STORE_BYTES
 
     head = heads.head(cfg.head)
     # the embeddings must be those of the encoder the critic will be saved with (and serve with)
@@ -275,7 +285,7 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     # rows in stored order through every read, split and worker: a seeded run trains on the same batches
     ray.data.DataContext.get_current().execution_options.preserve_order = True
-    ds = read_rows(encoded_dir)
+    ds = read_rows(encoded_dir, rows_in(encoded_dir, cfg.rows))
     vectors = vector_table(encoded_dir)  # each distinct text's vector once (None: the rows carry copies)
     stats = DataStats(ds.iter_batches(batch_size=8192, batch_format="pyarrow"), ds.count(), vectors, cfg.seed)
     scale = reward_scale_for(stats.max_abs_return)
@@ -310,6 +320,8 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
              resources, cfg.steps)
     ingest = DataConfig.default_ingest_options()
     ingest.preserve_order = True
+    # blocks in flight, not the corpus, whether the rows come from the object store or their files
+    ingest.resource_limits = ingest.resource_limits.copy(object_store_memory=STREAM_OBJECT_STORE_BYTES)
 
     def fit():  # a new trainer with the same run name and storage resumes the run from its last checkpoint
         return TorchTrainer(

@@ -139,7 +139,8 @@ def _size(folder) -> int:
 @pytest.mark.integration
 def test_references_train_export_and_serve_as_copies_do(encoded, work):
     """The same transitions encoded in both layouts: the same vectors row for row, less than half
-    the disk with references, and a critic trained on each (same seed) scores alike."""
+    the disk with references, and a critic trained on each (same seed) scores alike; so does one
+    trained on the references streamed from their files rather than held in the object store."""
     from harnessrl import Critic
     from harnessrl.config import EncoderConfig, TrainConfig
     from harnessrl.jobs.train import train
@@ -162,15 +163,23 @@ def test_references_train_export_and_serve_as_copies_do(encoded, work):
     cfg = TrainConfig(steps=80, batch_size=64, num_workers=1, cpus_per_worker=1, checkpoint_every=80, log_every=40,
                       validation_fraction=0.2, alpha=0.5)
     card = ModelCard(head_config={}, encoder=encoded.encoder, render={"window": 3, "max_chars": 1500})
-    results = {name: train(str(d), str(work["dir"] / f"layout-{name}"), cfg, f"layout-{name}",
-                           str(work["dir"] / f"layout-model-{name}"), card)
-               for name, d in (("references", refs_dir), ("copies", copies_dir))}
-    assert results["references"].fallback_threshold == pytest.approx(results["copies"].fallback_threshold, abs=1e-5)
+    # "files": the references again, streamed from their Parquet files each epoch (train.rows: files,
+    # a corpus beyond the object store) instead of held in the store (auto, at this size)
+    runs = (("references", refs_dir, cfg), ("copies", copies_dir, cfg),
+            ("files", refs_dir, cfg.model_copy(update={"rows": "files"})))
+    results = {name: train(str(d), str(work["dir"] / f"layout-{name}"), c, f"layout-{name}",
+                           str(work["dir"] / f"layout-model-{name}"), card) for name, d, c in runs}
+    from harnessrl.jobs.train import rows_in
+
+    assert rows_in(str(refs_dir)) == "store" and rows_in(str(refs_dir), "files") == "files"  # auto: 0.3 MB of rows
+    for other in ("copies", "files"):
+        assert results["references"].fallback_threshold == pytest.approx(results[other].fallback_threshold, abs=1e-5)
     cards = {n: json.loads((work["dir"] / f"layout-model-{n}" / "critic.json").read_text()) for n in results}
-    assert cards["references"]["ood"] == pytest.approx(cards["copies"]["ood"])
+    assert cards["references"]["ood"] == pytest.approx(cards["copies"]["ood"]) == cards["files"]["ood"]
     critics = {n: Critic.load(work["dir"] / f"layout-model-{n}") for n in results}
     states = a.column("state_text").to_pylist()[:: max(1, a.num_rows // 6)][:6]
     for state in states:
         cands = ["take coin", "move north", "inventory", "look"]
-        np.testing.assert_allclose(critics["references"].score(state, cands), critics["copies"].score(state, cands),
-                                   atol=1e-5)
+        for other in ("copies", "files"):
+            np.testing.assert_allclose(critics["references"].score(state, cands), critics[other].score(state, cands),
+                                       atol=1e-5)
