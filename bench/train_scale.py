@@ -119,8 +119,8 @@ def disk_bytes(folder: Path) -> int:
 
 
 # ---- one measured run (a child process) ----------------------------------------------------------
-def _pss_tree(root: int) -> dict[str, int]:
-    """PSS bytes of `root` and every process below it (Linux /proc), by process name."""
+def _pss_tree(root: int) -> dict[str, list[int]]:
+    """{process name: [PSS bytes, processes]} of `root` and every process below it (Linux /proc)."""
     children: dict[int, list[int]] = {}
     for d in os.listdir("/proc"):
         if d.isdigit():
@@ -130,7 +130,7 @@ def _pss_tree(root: int) -> dict[str, int]:
                 children.setdefault(ppid, []).append(int(d))
             except OSError:
                 continue
-    by_name: dict[str, int] = {}
+    by_name: dict[str, list[int]] = {}
     todo = [root]
     while todo:
         pid = todo.pop()
@@ -142,8 +142,9 @@ def _pss_tree(root: int) -> dict[str, int]:
                 name = _process_name(fh.read().split(b"\0"), pid == root)
         except (OSError, StopIteration):
             continue
-        by_name[name] = by_name.get(name, 0) + pss
-        by_name[f"{name} (processes)"] = by_name.get(f"{name} (processes)", 0) + 1
+        entry = by_name.setdefault(name, [0, 0])
+        entry[0] += pss
+        entry[1] += 1
     return by_name
 
 
@@ -165,7 +166,7 @@ class PeakPss:
     def _run(self):
         while not self._stop.is_set():
             by_name = _pss_tree(os.getpid())
-            total = sum(v for k, v in by_name.items() if not k.endswith("(processes)"))
+            total = sum(pss for pss, _ in by_name.values())
             if total > self.peak:
                 self.peak, self.at_peak = total, by_name
             self._stop.wait(self.every)
@@ -198,9 +199,8 @@ def child(args) -> int:
         seconds = time.time() - t0
     Path(args.out).write_text(json.dumps({
         "peak_pss_mb": round(pss.peak / 2**20, 1), "rows_in": where,
-        "at_peak_mb": {k: round(v / 2**20, 1) for k, v in sorted(pss.at_peak.items(), key=lambda kv: -kv[1])
-                       if not k.endswith("(processes)")},
-        "processes_at_peak": {k[:-len(" (processes)")]: v for k, v in pss.at_peak.items() if k.endswith("(processes)")},
+        "at_peak_mb": {k: round(v / 2**20, 1) for k, (v, _) in sorted(pss.at_peak.items(), key=lambda kv: -kv[1][0])},
+        "processes_at_peak": {k: n for k, (_, n) in pss.at_peak.items()},
         "steps_per_s": result.metrics.get("steps_per_s"),
         "train_seconds": round(result.seconds, 1), "seconds": round(seconds, 1),
         "load_seconds": result.metrics.get("load_seconds"), "loss_q": result.metrics.get("loss_q")}))

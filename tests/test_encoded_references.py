@@ -143,7 +143,7 @@ def test_references_train_export_and_serve_as_copies_do(encoded, work):
     trained on the references streamed from their files rather than held in the object store."""
     from harnessrl import Critic
     from harnessrl.config import EncoderConfig, TrainConfig
-    from harnessrl.jobs.train import train
+    from harnessrl.jobs.train import rows_in, train
     from harnessrl.model_card import ModelCard
     from harnessrl.pipelines.encode import encode
 
@@ -169,9 +169,7 @@ def test_references_train_export_and_serve_as_copies_do(encoded, work):
             ("files", refs_dir, cfg.model_copy(update={"rows": "files"})))
     results = {name: train(str(d), str(work["dir"] / f"layout-{name}"), c, f"layout-{name}",
                            str(work["dir"] / f"layout-model-{name}"), card) for name, d, c in runs}
-    from harnessrl.jobs.train import rows_in
-
-    assert rows_in(str(refs_dir)) == "store" and rows_in(str(refs_dir), "files") == "files"  # auto: 0.3 MB of rows
+    assert rows_in(str(refs_dir)) == "store"  # auto: 0.3 MB of rows, well under a quarter of the store
     for other in ("copies", "files"):
         assert results["references"].fallback_threshold == pytest.approx(results[other].fallback_threshold, abs=1e-5)
     cards = {n: json.loads((work["dir"] / f"layout-model-{n}" / "critic.json").read_text()) for n in results}
