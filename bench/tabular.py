@@ -34,6 +34,19 @@ from typing import Any
 import numpy as np
 
 REDUCED_SET = ["train.steps=600", "train.log_every=200", "train.checkpoint_every=600"]
+# --ablation: one ingredient of the default critic changed per row (name -> what changes, overrides)
+ABLATION: dict[str, tuple[str, list[str]]] = {
+    "base": ("the defaults (reader head)", []),
+    "frozen": ("frozen head (one pooled vector per rendered state)", ["train.head=frozen"]),
+    "text": ("one text: the rendered state as the reader's one segment",
+             ["render.segments=text", "train.reader.history_dropout=0"]),
+    "tokens": ("token path on", ["train.reader.tokens=true"]),
+    "features": ("no history features", ["train.features=false"]),
+    "penalty": ("candidate penalty on (alpha 0.3)", ["train.alpha=0.3"]),
+    "dropout": ("no history dropout", ["train.reader.history_dropout=0"]),
+    "dueling": ("no dueling split", ["train.reader.dueling=false"]),
+    "value": ("V fit to the taken action (plain IQL) instead of the best candidate", ["train.reader.value_target=taken"]),
+}
 FULL_HISTORY_STATES = 400  # logged visits asked about with their history
 
 
@@ -82,17 +95,18 @@ def queries(mdp, episodes: list[dict], n_logged: int, seed: int) -> dict[str, li
     return {"empty": empty, "history": rng.sample(visits, min(n_logged, len(visits)))}
 
 
-def run_one(task: str, wording: str, head: str, args, work: Path) -> dict[str, Any]:
+def run_one(task: str, wording: str, head: str | None, args, work: Path, variant: str | None = None) -> dict[str, Any]:
     from harnessrl.config import parse_pipeline, apply_overrides
     from harnessrl.critic import Critic
     from harnessrl.examples import tabular as T
     from harnessrl.jobs.pipeline import run_pipeline
     from harnessrl.rewards import load_recipe
 
-    name = f"tabular-{task}-{wording}-{head}"
+    name = f"tabular-{task}-{wording}-{variant or head}"
+    overrides = list(args.set or []) + (ABLATION[variant][1] if variant else [])
     raw = apply_overrides({"name": name, "output_dir": str(work / name), "data": {"train": []},
-                           "train": {"head": head}, "serve": {"enabled": False},
-                           "registry": {"experiment": "tabular-bench", "model_name": name}}, list(args.set or []))
+                           "train": {"head": head} if head else {}, "serve": {"enabled": False},
+                           "registry": {"experiment": "tabular-bench", "model_name": name}}, overrides)
     cfg = parse_pipeline(raw, origin="bench/tabular.py")
     mdp = T.build(task, wording)
     weights = load_recipe(cfg.rewards).model_dump()
@@ -107,25 +121,25 @@ def run_one(task: str, wording: str, head: str, args, work: Path) -> dict[str, A
     critic = Critic.load(summary["model"]["uri"])
     Q = mdp.q_star(cfg.train.gamma, weights)
     qs = queries(mdp, episodes, FULL_HISTORY_STATES, args.seed)
-    out = {"task": task, "wording": wording, "head": head, "episodes": n,
+    out = {"task": task, "wording": wording, "head": cfg.train.head, "variant": variant or "-", "episodes": n,
            "transitions": summary["transitions"]["transitions"], "coverage": T.coverage(mdp, episodes),
            "pipeline_seconds": round(seconds, 1), "train_seconds": round(summary["train"]["seconds"], 1),
            **{f"{k}_{m}": v for k, r in ((k, score_states(critic, mdp, Q, v)) for k, v in qs.items())
               for m, v in r.items()}}
-    print(f"[tabular] {task}/{wording}/{head}: optimal {out['empty_optimal']:.2f} (empty history) / "
+    print(f"[tabular] {task}/{wording}/{variant or cfg.train.head}: optimal {out['empty_optimal']:.2f} (empty history) / "
           f"{out['history_optimal']:.2f} (full), Spearman {out['empty_spearman']:.2f} / {out['history_spearman']:.2f}, "
           f"random {out['empty_random_optimal']:.2f}; {seconds:.0f} s", flush=True)
     return out
 
 
-HEADER = ["task", "wording", "head", "states", "optimal (empty history)", "optimal (full history)",
+HEADER = ["task", "wording", "head", "variant", "states", "optimal (empty history)", "optimal (full history)",
           "Spearman (empty)", "Spearman (full)", "random optimal", "coverage", "train s"]
 
 
 def markdown(rows: list[dict]) -> str:
     out = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     for r in rows:
-        out.append(f"| {r['task']} | {r['wording']} | {r['head']} | {r['empty_states']} | {r['empty_optimal']:.2f} | "
+        out.append(f"| {r['task']} | {r['wording']} | {r['head']} | {ABLATION[r['variant']][0] if r.get('variant', '-') != '-' else '-'} | {r['empty_states']} | {r['empty_optimal']:.2f} | "
                    f"{r['history_optimal']:.2f} | {r['empty_spearman']:.2f} | {r['history_spearman']:.2f} | "
                    f"{r['empty_random_optimal']:.2f} | {r['coverage']:.2f} | {r['train_seconds']:.0f} |")
     return "\n".join(out)
@@ -143,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", help="pipeline override (repeatable)")
     p.add_argument("--reduced", action="store_true", help="the CI size: FrozenLake, both wordings, 600 steps")
+    p.add_argument("--ablation", nargs="?", const=",".join(ABLATION), default=None,
+                   help=f"one row per changed ingredient of the defaults (comma-separated of {', '.join(ABLATION)}; "
+                        "default all), for each task and wording; --heads is ignored")
     p.add_argument("--work-dir")
     p.add_argument("--json")
     p.add_argument("--markdown")
@@ -156,7 +173,14 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="tabular-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     init_ray()
-    rows = [run_one(t, w, h, args, work) for t in args.tasks.split(",") for w in args.wordings.split(",") for h in heads]
+    cells = [(t, w) for t in args.tasks.split(",") for w in args.wordings.split(",")]
+    if args.ablation:
+        unknown = set(args.ablation.split(",")) - set(ABLATION)
+        if unknown:
+            p.error(f"unknown ablation variant(s) {sorted(unknown)}; known: {', '.join(ABLATION)}")
+        rows = [run_one(t, w, None, args, work, v) for t, w in cells for v in args.ablation.split(",")]
+    else:
+        rows = [run_one(t, w, h, args, work) for t, w in cells for h in heads]
     table = markdown(rows)
     print(table)
     if args.json:

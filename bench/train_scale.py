@@ -191,7 +191,7 @@ def child(args) -> int:
     with PeakPss() as pss:
         t0 = time.time()
         init_ray()
-        cfg = TrainConfig(steps=args.steps, batch_size=args.batch, replay=args.child, log_every=max(1, args.steps // 3),
+        cfg = TrainConfig(head="frozen", steps=args.steps, batch_size=args.batch, replay=args.child, log_every=max(1, args.steps // 3),
                           checkpoint_every=args.steps, rows=args.rows_in)
         where = rows_in(args.encoded, cfg.rows)
         card = ModelCard(head_config={}, encoder=read_meta(args.encoded)["encoder"], render={})

@@ -77,7 +77,7 @@ def _tool_metrics(critic, rows: list[dict]) -> dict[str, float]:
 
     if critic.tool_head is None:
         return {}
-    state_emb = critic.encode([r["state_text"] for r in rows])  # cached by the Q pass
+    state_emb = critic.encode([critic.state_text(row_state(r)) for r in rows])  # cached by the OOD pass
     with torch.no_grad():
         probs = torch.softmax(critic.tool_head.pi(torch.from_numpy(state_emb).float()), dim=1).numpy()
     out = {f"tool_{k}": v for k, v in metrics.policy_entropy(probs).items()}

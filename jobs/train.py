@@ -203,8 +203,21 @@ def validation_fraction(cfg: TrainConfig, ds) -> float:
     return 0.1 if len(groups) >= 10 else 0.0
 
 
+def resolve_steps(cfg: TrainConfig, rows: int, batch_size: int) -> int:
+    """`train.steps`, or for auto about `train.epochs` passes over `rows` in batches of `batch_size`
+    (within config.AUTO_STEPS)."""
+    from harnessrl.config import AUTO_STEPS
+
+    if cfg.steps != "auto":
+        return cfg.steps
+    return int(min(AUTO_STEPS[1], max(AUTO_STEPS[0], round(cfg.epochs * rows / batch_size))))
+
+
 def reward_scale_for(peak: float) -> float:
-    """Scale rewards so the largest |return| (`peak`) is about 1: Q stays in a range the MLP fits easily."""
+    """Scale rewards so the largest |reward| of a step (`peak`) is about 1: Q stays in a range an MLP
+    fits easily. Not the largest |return|: one long losing episode (a cliff walked off ten times)
+    would shrink every value, and the small gaps between actions with them, below what the critic
+    resolves."""
     return 1.0 / peak if peak > 1.0 else 1.0
 
 
@@ -288,13 +301,14 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
     ds = read_rows(encoded_dir, rows_in(encoded_dir, cfg.rows))
     vectors = vector_table(encoded_dir)  # each distinct text's vector once (None: the rows carry copies)
     stats = DataStats(ds.iter_batches(batch_size=8192, batch_format="pyarrow"), ds.count(), vectors, cfg.seed)
-    scale = reward_scale_for(stats.max_abs_return)
+    scale = reward_scale_for(stats.max_abs_reward)
     feature_dim = len(stats.feature_mean) if cfg.features else 0
     feature_stats = [stats.feature_mean.tolist(), stats.feature_std.tolist()] if feature_dim else None
     data = DriverData(ds=ds, n_rows=stats.rows, feature_dim=feature_dim, feature_stats=feature_stats,
                       reward_scale=scale, encoder_name=card.identity.model_name, seed=cfg.seed, stats=stats,
                       vectors=vectors, encoded_dir=encoded_dir)
     head_config = head.loop_config(cfg, data)
+    steps = resolve_steps(cfg, stats.rows, head_config.get("batch_size", cfg.batch_size))
     datasets = {"train": ds}
     fraction = validation_fraction(cfg, ds)
     if fraction > 0:
@@ -305,7 +319,7 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
     loop_config = {
         "batch_size": cfg.batch_size, "candidates_per_step": cfg.candidates_per_step,
         **head_config, "head": head.kind, "feature_stats": feature_stats,
-        "steps": cfg.steps, "seed": cfg.seed, "log_every": cfg.log_every, "checkpoint_every": cfg.checkpoint_every,
+        "steps": steps, "seed": cfg.seed, "log_every": cfg.log_every, "checkpoint_every": cfg.checkpoint_every,
         "reward_scale": scale, "threads": max(1, int(round(cfg.cpus_per_worker))), "mlflow_run_id": mlflow_run_id,
         "tracking_uri": settings.tracking_uri(), "validation": "val" in datasets, "patience": cfg.patience,
         # the vector table, shared through the object store: a node's workers read one copy, zero-copy
@@ -317,7 +331,7 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
     log.info("train: IQL (%s head) on %d transitions (%d history features, tool head: %s over %d tools), "
              "%d worker(s) x %s, %d steps", head.kind, stats.rows, feature_dim,
              tool_head["method"] if tool_head else "none", len(head_config.get("tool_vocab", [])), cfg.num_workers,
-             resources, cfg.steps)
+             resources, steps)
     ingest = DataConfig.default_ingest_options()
     ingest.preserve_order = True
     # blocks in flight, not the corpus, whether the rows come from the object store or their files
@@ -352,7 +366,7 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
     metrics = {k: float(v) for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
     if validation:
         metrics.update({"val_best_step": float(validation["best_step"]), "val_best_td_error": validation["best_value"],
-                        "selected_step": float(validation["best_step"] if best else metrics.get("step", cfg.steps))})
+                        "selected_step": float(validation["best_step"] if best else metrics.get("step", steps))})
         log.info("train: held-out TD error best %.4f at step %d; exporting the %s weights (step %d)",
                  validation["best_value"], validation["best_step"], cfg.select, int(metrics["selected_step"]))
     ood_states = exported.ood_states if exported.ood_states is not None else stats.states
@@ -367,7 +381,7 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
     save_critic(model_dir, exported.scorer, card, tool_head=exported.tool_head)
     if reference is not None:
         save_ood_reference(model_dir, reference)
-    out = TrainResult(model_dir=str(model_dir), checkpoint_path=result.checkpoint.path, steps=cfg.steps,
+    out = TrainResult(model_dir=str(model_dir), checkpoint_path=result.checkpoint.path, steps=steps,
                       seconds=time.time() - start, metrics=metrics, reward_scale=scale, fallback_threshold=threshold)
     log.info("train: done in %.0f s; loss_q %.4f loss_v %.4f; fallback threshold %.3f", out.seconds,
              metrics.get("loss_q", float("nan")), metrics.get("loss_v", float("nan")), threshold)

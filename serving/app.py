@@ -300,7 +300,7 @@ class CriticService:
         self.metrics.batch_size("/v1/select_tool", len(requests))
         critic = self.critic
         states = [r.state_value() for r in requests]
-        given = await self._embeddings(critic, [critic.render_state(s) for s in states])
+        given = await self._embeddings(critic, [critic.state_text(s) for s in states])
         choices = await asyncio.to_thread(critic.select_tool_batch, states, given)
         ref = ModelRef(name=critic.name, version=critic.version)
         return [SelectToolResponse(tools=c.tools, probabilities=c.probabilities, choice=c.choice, model=ref)

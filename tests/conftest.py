@@ -99,7 +99,9 @@ def start_mlflow_server(store: Path, artifacts: str, port: int, env: dict[str, s
 
 @pytest.fixture(scope="session")
 def pipeline_run(ray_local, sample_slice, tmp_path_factory):
-    """The quickstart pipeline on a slice of the sample; its model is registered as MODEL@champion."""
+    """The quickstart pipeline on a slice of the sample with the frozen head (the fastest to train; the
+    tests of this fixture read its state vectors, tool head and penalty); its model is registered as
+    MODEL@champion. The default head's run is tests/test_reader_head.py's."""
     from harnessrl.config import parse_pipeline
     from harnessrl.jobs.pipeline import run_pipeline
 
@@ -109,7 +111,8 @@ def pipeline_run(ray_local, sample_slice, tmp_path_factory):
         "data": {"train": [str(sample_slice["train"])], "heldout": [str(sample_slice["test"])]},
         "render": {"window": 3, "max_chars": 1500, "tool_from": "first_word"},
         "encoder": {"batch_size": 32, "max_seq_length": 128},
-        "train": {"steps": 300, "batch_size": 128, "checkpoint_every": 150, "log_every": 50},
+        "train": {"head": "frozen", "steps": 300, "batch_size": 128, "checkpoint_every": 150, "log_every": 50,
+                  "alpha": 0.3},
         "registry": {"experiment": "integration", "model_name": MODEL, "alias": "champion"},
         "evaluate": {"max_heldout_steps": 200},
         "serve": {"port": free_port(), "smoke_requests": 3},

@@ -45,7 +45,7 @@ def test_set_creates_nested_section(tmp_path):
     path.write_text("data:\n  train: [x]\n")
     cfg = load_pipeline(path, ["evaluate.max_heldout_steps=9", "train.seed=3"])
     assert cfg.evaluate.max_heldout_steps == 9 and cfg.train.seed == 3
-    assert cfg.train.steps == 2000
+    assert cfg.train.steps == "auto"
 
 
 def test_later_override_wins():
@@ -125,3 +125,14 @@ def test_missing_required_data_is_config_error(tmp_path):
 def test_registry_names_are_validated_before_any_work(key, value):
     with pytest.raises(ConfigError, match=key):
         load_pipeline(QUICKSTART, [f"{key}={value}"])
+
+
+def test_auto_steps_follow_the_rows_within_bounds():
+    from harnessrl.config import AUTO_STEPS, TrainConfig
+    from harnessrl.jobs.train import resolve_steps
+
+    auto = TrainConfig(epochs=10)
+    assert resolve_steps(auto, 64_000, 64) == 10_000  # 10 passes over 1,000 batches
+    assert resolve_steps(auto, 100, 64) == AUTO_STEPS[0] and resolve_steps(auto, 10**9, 64) == AUTO_STEPS[1]
+    assert resolve_steps(TrainConfig(steps=7), 10**9, 64) == 7
+    assert TrainConfig(steps="12").steps == 12

@@ -118,6 +118,28 @@ def test_each_distinct_text_encoded_once_and_equal_to_direct(first_run, work, mo
             assert len(r["candidate_features"]) == len(expected)
 
 
+def test_each_distinct_segment_encoded_once_for_the_reader_head(transitions, work):
+    """encoder.segments (the reader head's data): every distinct text of the embedded segment roles,
+    of states and next states, and every action and kept candidate lands in `_texts` once; no
+    rendered state is embedded (state_texts off) and the rows reference the table."""
+    from harnessrl.pipelines.encode import encode
+    from harnessrl.render import EMBEDDED_ROLES
+
+    cfg = EncoderConfig(batch_size=32, max_seq_length=128, segments=True, state_texts=False, block_texts=128)
+    result = encode(str(work["dir"] / "transitions"), str(work["dir"] / "enc-segments"), cfg)
+    source = _table(work["dir"] / "transitions")
+    want = {s["text"] for col in ("state_segments", "next_state_segments") for row in source.column(col).to_pylist()
+            for s in row if s["role"] in EMBEDDED_ROLES}
+    assert want, "the sample's transitions carry segments"
+    want |= set(source.column("action_text").to_pylist())
+    want |= {t for a, c in zip(source.column("action_text").to_pylist(), source.column("candidates").to_pylist())
+             for t in untaken_candidates(a, c, 16)}
+    texts = _table(work["dir"] / "enc-segments" / "_texts").column("text_hash").to_pylist()
+    assert len(texts) == len(set(texts)) == result.texts_distinct == result.texts_encoded
+    assert set(texts) == {text_hash(t) for t in want}
+    assert not set(texts) & {text_hash(t) for t in source.column("state_text").to_pylist()} - {text_hash(t) for t in want}
+
+
 # ---- the persistent cache ----------------------------------------------------------------------
 def test_progress_lines_count_up_to_the_texts_encoded(first_run):
     """The stage reports while it encodes: counts only grow, never past what it encoded in the end."""

@@ -61,7 +61,7 @@ def test_training_refuses_embeddings_of_another_encoder(tmp_path):
     encoded = _dataset(tmp_path / "enc", ident, ident)
     meta = ModelCard(head_config={}, encoder=json.loads(replace(ident, precision="bfloat16").to_json()))
     with pytest.raises(ModelError, match="encoder mismatch in training data .*precision: 'float32' vs 'bfloat16'"):
-        train(encoded, str(tmp_path / "train"), TrainConfig(steps=1), "refused", str(tmp_path / "model"), meta)
+        train(encoded, str(tmp_path / "train"), TrainConfig(head="frozen", steps=1), "refused", str(tmp_path / "model"), meta)
     assert not (tmp_path / "train").exists() and not (tmp_path / "model").exists()
 
 

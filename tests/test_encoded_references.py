@@ -84,7 +84,7 @@ def test_one_streaming_pass_gives_the_whole_data_statistics():
     np.testing.assert_allclose(stats.feature_mean, whole["features"].mean(0), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(stats.feature_std, whole["features"].std(0), rtol=1e-4, atol=1e-6)
     assert stats.tools == Counter(table.column("tool").to_pylist())
-    assert stats.max_abs_return == pytest.approx(np.abs(table.column("return_to_go").to_numpy()).max())
+    assert stats.max_abs_reward == pytest.approx(np.abs(table.column("reward").to_numpy()).max())
     assert 40 < len(stats.states) < 200  # a sample, of the rows' own state vectors
     assert {tuple(v) for v in stats.states} <= {tuple(v) for v in whole["state_emb"]}
 
@@ -160,7 +160,7 @@ def test_references_train_export_and_serve_as_copies_do(encoded, work):
         assert a.column(col).equals(b.column(col)), col
     assert _size(refs_dir / "data") < 0.5 * _size(copies_dir / "data")
 
-    cfg = TrainConfig(steps=80, batch_size=64, num_workers=1, cpus_per_worker=1, checkpoint_every=80, log_every=40,
+    cfg = TrainConfig(head="frozen", steps=80, batch_size=64, num_workers=1, cpus_per_worker=1, checkpoint_every=80, log_every=40,
                       validation_fraction=0.2, alpha=0.5)
     card = ModelCard(head_config={}, encoder=encoded.encoder, render={"window": 3, "max_chars": 1500})
     # "files": the references again, streamed from their Parquet files each epoch (train.rows: files,

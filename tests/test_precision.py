@@ -36,7 +36,7 @@ def test_the_train_jobs_read_the_normalised_name():
     """train.precision: bf16 (old spelling) still turns on bfloat16 autocast in the heads."""
     from harnessrl.heads.base import DriverData
     from harnessrl.heads.cross import CrossHead
-    from harnessrl.heads.frozen import tool_head_config
+    from harnessrl.heads.base import tool_head_config
 
     tools = ["search", "read", "search"]
     data = DriverData(ds=None, n_rows=3, feature_dim=0, feature_stats=None, reward_scale=1.0,

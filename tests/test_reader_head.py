@@ -22,7 +22,7 @@ WORD_DIM = 384
 def inputs():
     from harnessrl.heads.reader import _inputs
 
-    return _inputs(ReaderConfig(), BUILTIN_MINILM, None)
+    return _inputs(ReaderConfig(tokens=True), BUILTIN_MINILM, None)
 
 
 def _batch(inputs, states, candidates):
@@ -36,25 +36,45 @@ def test_the_batch_holds_each_distinct_text_once_and_indexes_states_into_it(inpu
 
     shared = ("task", 0, "Walk to the goal.")
     states = [[shared, ("observation", 0, "row 1, column 2")], [shared, ("observation", 0, "row 2, column 1")]]
-    b = assemble(inputs, states, [["go north", "go west"], ["go north"]])
-    ids = inputs.tokens(["Walk to the goal.", "row 1, column 2", "row 2, column 1", "go north", "go west"])
-    assert b["x_mask"].sum() == sum(len(x) for x in ids)  # every distinct text once, a separator after each
-    first = b["s_idx"][0][b["s_mask"][0]]
-    assert (b["s_idx"][1][: len(ids[0])] == first[: len(ids[0])]).all()  # the task is shared, not copied
+    b = assemble(inputs, states, [["go north", "go west"], ["go north"]], next_states=[[shared], [shared]])
+    assert b["t_mask"].shape[0] == 5  # task, two observations, two candidates: each once, next states included
+    assert b["s_u"][0, 0] == b["s_u"][1, 0] == b["n_u"][0, 0]  # the task is shared, not copied
+    assert b["s_u"][0, 1] != b["s_u"][1, 1]
     assert b["k_mask"].tolist() == [[True, True], [True, False]]
-    assert (b["c_ids"][0, 0][b["c_mask"][0, 0]] == ids[3]).all()
+    assert b["c_u"][0, 0] == b["c_u"][1, 0] and b["c_u"][0, 1] != b["c_u"][0, 0]
 
 
-def test_match_finds_the_candidates_words_in_the_state(inputs):
-    torch.manual_seed(0)
-    net = ReaderNetwork(ReaderConfig(semantic=False, tokens=False, match=True, feature_dim=0))
-    b = _batch(inputs, [[("task", 0, "take the red apple"), ("observation", 0, "a kitchen")]],
-               [["take red apple", "take blue pen"]])
-    x = net.stream(b)
-    st = net.state(x, b, "s")
-    feats = net.match(x[b["c_idx"]], b, st, net.tokens_of(x, st))  # (1, K, 2 * roles)
-    task_exact = feats[0, :, 1].detach().tolist()  # the task role's exact-match share
-    assert task_exact[0] == pytest.approx(1.0) and task_exact[1] == pytest.approx(1 / 3)
+def test_match_gives_the_share_of_the_candidates_words_found_in_each_role(inputs):
+    from harnessrl.algorithms.reader import ROLE_ID
+    from harnessrl.heads.reader_inputs import assemble
+
+    b = assemble(inputs, [[("task", 0, "take the red apple"), ("observation", 0, "a kitchen")]],
+                 [["take red apple", "take blue pen"]])
+    task, observation = b["match"][0, :, ROLE_ID["task"]], b["match"][0, :, ROLE_ID["observation"]]
+    assert task[0] == pytest.approx(1.0) and task[1] == pytest.approx(1 / 3)
+    assert observation.tolist() == [0.0, 0.0]
+
+
+def test_a_state_without_its_history_keeps_its_task_and_observation():
+    from harnessrl.heads.reader_inputs import without_history
+    from harnessrl.render import Renderer, Turn
+
+    r = Renderer()
+    full = [(s.role, s.age, s.text) for s in r.segments("Find the key.", [Turn("look", "A hall."), Turn("go north", "A cellar.")],
+                                                        "A cellar. A key lies here.")]
+    empty = [(s.role, s.age, s.text) for s in r.segments("Find the key.", [], "A cellar. A key lies here.")]
+    assert {s[0] for s in full} > {"task", "observation"}
+    assert without_history(full) == empty  # what serving builds from a request without history
+    assert r.features([], "A cellar. A key lies here.", ["take key"]) == [[0.0] * 5]  # and its features are zero
+
+
+def test_the_candidate_penalty_skips_candidates_taken_elsewhere_in_the_data():
+    from harnessrl.heads.reader import penalty_mask
+
+    seen = {"go north", "eat meal"}
+    mask = penalty_mask([["go north", "eat meal", "eat red pepper"], ["eat meal", "go north"]], 3, seen)
+    assert mask.tolist() == [[False, True], [False, False]]  # taken elsewhere, or padding: not penalised
+    assert penalty_mask([["a", "b", "c"]], 3, set()).tolist() == [[True, True]]  # penalty_on: untaken
 
 
 def test_the_saved_weights_leave_the_word_table_to_the_encoder(tmp_path):
@@ -77,7 +97,7 @@ def test_tokens_tell_apart_states_that_differ_in_one_number(inputs, torch_one_th
     candidates = [["go east", "go south"]] * 4
     gold = [0, 1, 0, 1]
     torch.manual_seed(0)
-    net = ReaderNetwork(ReaderConfig(semantic=False, tokens=True, match=False, dim=32, heads=2, hidden_dim=32))
+    net = ReaderNetwork(ReaderConfig(semantic=False, tokens=True, match=False, dim=32, hidden_dim=32))
     b, y = _batch(inputs, states, candidates), torch.tensor(gold)
 
     def logits():
@@ -103,18 +123,21 @@ def test_a_reader_critic_trains_exports_loads_and_serves_with_equal_scores(ray_l
     from harnessrl.examples import tabular as T
     from harnessrl.jobs.evaluate import evaluate
     from harnessrl.jobs.pipeline import run_pipeline
-    from harnessrl.model_files import load_critic_files
     from harnessrl.rewards import load_recipe
     from harnessrl.serving import app as serving
 
     mdp = T.build("frozenlake", "a")
     weights = load_recipe("default").model_dump()
     logs, heldout = tmp_path / "train.jsonl", tmp_path / "heldout.jsonl"
+    # actions named by their direction alone ("left", not "move left"): each its own tool for the tool head
+    actions = [a.removeprefix("move ") for a in mdp.actions]
     for path, seed, n in ((logs, 0, 160), (heldout, 1, 60)):
-        path.write_text("".join(json.dumps(e) + "\n" for e in mdp.episodes(n, seed, 0.3, 0.95, weights, 25)))
+        path.write_text("".join(json.dumps(e).replace('"move ', '"') + "\n"
+                                for e in mdp.episodes(n, seed, 0.3, 0.95, weights, 25)))
     cfg = parse_pipeline({"name": "reader-it", "output_dir": str(tmp_path / "run"), "data": {"train": [str(logs)]},
                           "train": {"head": "reader", "steps": 400, "log_every": 200, "checkpoint_every": 400,
                                     "validation_fraction": 0.2, "reader": {"batch_size": 32}},
+                          "render": {"tool_from": "first_word"},
                           "serve": {"enabled": False}, "registry": {"model_name": "reader-it"}})
     assert cfg.encoder.segments is True and cfg.encoder.state_texts is False
     summary = run_pipeline(cfg)
@@ -122,19 +145,26 @@ def test_a_reader_critic_trains_exports_loads_and_serves_with_equal_scores(ray_l
     assert critic.card.head == "reader" and critic.card.ood is not None and critic.threshold is not None
 
     states = [{"task": mdp.task_text, "history": [], "observation": mdp.observation(s)} for s in mdp.reachable[:5]]
-    local = [critic.score(s, list(mdp.actions)) for s in states]
-    scorer, card = load_critic_files(tmp_path / "run" / "model")
-    again = Critic(scorer, card, encoder=critic._encoder)
-    assert np.allclose([again.score(s, list(mdp.actions)) for s in states], local, atol=1e-5)
+    local = [critic.score(s, actions) for s in states]
+    again = Critic.load(str(tmp_path / "run" / "model"))  # the critic folder, not the registry
+    assert np.allclose([again.score(s, actions) for s in states], local, atol=1e-5)
+    # the tool head reads the observation's embedding: one choice per state, the same after a reload
+    assert set(actions) <= set(critic.tool_vocab), critic.tool_vocab
+    tools = [critic.select_tool(s).probabilities for s in states]
+    assert np.allclose([again.select_tool(s).probabilities for s in states], tools, atol=1e-6)
 
 
     url = serving.start(summary["model"]["uri"], "127.0.0.1", free_port())
     try:
         with httpx.Client(base_url=url, timeout=60) as http:
             for state, expect in zip(states, local):
-                body = http.post("/v1/score", json={"agent_id": "it", "state": state, "candidates": list(mdp.actions)})
+                body = http.post("/v1/score", json={"agent_id": "it", "state": state, "candidates": actions})
                 assert body.status_code == 200, body.text
                 assert np.allclose(body.json()["scores"], expect, atol=1e-5)
+            for state, expect in zip(states, tools):
+                body = http.post("/v1/select_tool", json={"agent_id": "it", "state": state})
+                assert body.status_code == 200, body.text
+                assert np.allclose(body.json()["probabilities"], expect, atol=1e-5)
     finally:
         serving.stop()
 

@@ -95,7 +95,7 @@ def test_train_checkpoints_and_scores(encoded, work):
     from harnessrl.jobs.train import train
 
     meta = ModelCard(head_config={}, encoder=encoded.encoder, render={"window": 3, "max_chars": 1500})
-    cfg = TrainConfig(steps=60, batch_size=64, num_workers=2, cpus_per_worker=0.5, checkpoint_every=30, log_every=20,
+    cfg = TrainConfig(head="frozen", steps=60, batch_size=64, num_workers=2, cpus_per_worker=0.5, checkpoint_every=30, log_every=20,
                       alpha=0.5)
     result = train(str(work["dir"] / "encoded"), str(work["dir"] / "train"), cfg, "stage-test", str(work["dir"] / "model"), meta)
     assert result.steps == 60 and np.isfinite(result.metrics["loss_q"]) and result.metrics["step"] == 60

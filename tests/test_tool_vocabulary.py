@@ -12,7 +12,7 @@ import pytest
 from harnessrl import schemas
 from harnessrl.config import TrainConfig
 from harnessrl.features import OTHER_TOOL, defined_tools, tool_ids, tool_vocabulary
-from harnessrl.heads.frozen import defined_tools_of, tool_head_config
+from harnessrl.heads.base import defined_tools_of, tool_head_config
 from harnessrl.rewards import RewardRecipe
 from harnessrl.transitions import episode_transitions
 

@@ -18,7 +18,7 @@ def test_checkpoints_go_to_s3_and_resume_from_there(encoded, work, s3, tmp_path)
 
     storage_dir = f"s3://{s3['bucket']}/runs/train"
     meta = ModelCard(head_config={}, encoder=json.loads(read_identity(encoded.out_dir).to_json()))
-    cfg = TrainConfig(steps=40, batch_size=64, checkpoint_every=20, log_every=20, num_workers=1,
+    cfg = TrainConfig(head="frozen", steps=40, batch_size=64, checkpoint_every=20, log_every=20, num_workers=1,
                       cpus_per_worker=0.5)
     first = train(encoded.out_dir, storage_dir, cfg, "s3-run", str(tmp_path / "m1"), meta)
     assert first.checkpoint_path.startswith(f"{s3['bucket']}/runs/train/s3-run/")

@@ -83,7 +83,7 @@ def test_training_exports_the_best_checkpoint(encoded, work):
     assert parts["train"].count() + parts["val"].count() == ds.count()
 
     steps, every, patience = 400, 20, 3
-    cfg = TrainConfig(steps=steps, batch_size=64, num_workers=1, cpus_per_worker=1, checkpoint_every=200,
+    cfg = TrainConfig(head="frozen", steps=steps, batch_size=64, num_workers=1, cpus_per_worker=1, checkpoint_every=200,
                       log_every=every, validation_fraction=0.3, select="best", patience=patience, lr=3e-3)
     card = ModelCard(head_config={}, encoder=encoded.encoder, render={"window": 3, "max_chars": 1500})
     result = train(str(work["dir"] / "encoded"), str(work["dir"] / "val-train"), cfg, "val-test",

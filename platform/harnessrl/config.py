@@ -56,6 +56,9 @@ class RenderConfig(_Strict):
     observation_first: bool = Field(False, description="the current observation before the task")
     # the state as segments (read by the reader head, harnessrl.heads.reader): the task, the observation, the
     # last action, every distinct earlier result (the newest first, then the longest), the actions taken
+    segments: Literal["memory", "text"] = Field(
+        "memory", description="memory: the segments below; text: the rendered state as one segment (the reader "
+                              "reading what the frozen head reads: an ablation)")
     memory_results: int = Field(6, ge=0, description="distinct earlier results kept as segments: the newest "
                                                      "`memory_newest`, then the longest of the older ones")
     memory_newest: int = Field(3, ge=0, description="how many of the kept results are the newest ones")
@@ -142,45 +145,74 @@ class ReaderHeadConfig(_Strict):
     """The reader head (train.head: reader): Q and V over the state's segments (harnessrl.heads.reader)."""
 
     semantic: bool = Field(True, description="each segment's frozen sentence embedding, standardised per role")
-    # Off by default: on TWX and the tabular tasks they bought nothing over the semantic path and
-    # cost ~10x its training time (issue 24's closing note)
-    tokens: bool = Field(False, description="the token path: the encoder's word embeddings, a small convolution, the "
-                                            "candidate attending over the state's tokens")
-    match: bool = Field(False, description="how well the candidate's tokens are found in each role's tokens")
-    dim: int = Field(128, ge=8, description="width of the token path and of the attention")
-    conv_layers: int = Field(1, ge=0, le=8)
-    heads: int = Field(4, ge=1, description="attention heads (dim must be a multiple)")
-    segment_tokens: int = Field(128, ge=8, le=512, description="tokens kept per segment")
-    state_tokens: int = Field(640, ge=16, description="tokens kept per state, the segments in order")
+    tokens: bool = Field(False, description="the token path: each segment's tokens through the encoder's word "
+                                            "embeddings and a small convolution, pooled")
+    match: bool = Field(True, description="per state role, the share of the candidate's tokens found there")
+    dueling: bool = Field(True, description="Q = A(s, a) + B(s): the small differences between actions are not "
+                                            "drowned by the spread of values between states")
+    value_target: Literal["taken", "candidates"] = Field(
+        "candidates", description="V(s) fit (by expectile) to Q of the taken action (plain IQL), or to the best Q "
+                                  "among the step's logged candidates: the value of acting as the critic will")
+    penalty_on: Literal["unseen", "untaken"] = Field(
+        "unseen", description="the candidate penalty (train.alpha) applies to untaken candidates never taken anywhere "
+                              "in the data (unseen: one taken elsewhere learns its value there, unbiased), or to every "
+                              "untaken candidate (as the frozen head)")
+    history_dropout: float = Field(0.25, ge=0, lt=1, description="share of training states read without their "
+                                                                 "history (task and observation only, features zero), "
+                                                                 "so the critic also answers agents that send none")
+    dim: int = Field(128, ge=8, description="width of the segment vectors")
+    conv_layers: int = Field(2, ge=0, le=8, description="token path: residual kernel-3 convolutions")
+    segment_tokens: int = Field(64, ge=8, le=512, description="tokens kept per segment (token path, match)")
     batch_size: int = Field(64, ge=2, description="states per step over all workers (train.batch_size is the frozen "
                                                   "head's)")
     lr: float = Field(3e-4, gt=0)
 
     @model_validator(mode="after")
     def _check(self) -> "ReaderHeadConfig":
-        if not (self.semantic or self.tokens or self.match):
-            raise ValueError("the reader needs at least one of semantic, tokens, match")
-        if self.dim % self.heads:
-            raise ValueError(f"dim ({self.dim}) must be a multiple of heads ({self.heads})")
+        if not (self.semantic or self.tokens):
+            raise ValueError("the reader needs at least one of semantic, tokens")
         return self
+
+
+AUTO_STEPS = (2000, 20000)  # train.steps: auto stays within these
+
+
+def _steps(value: Any) -> int | str:
+    """train.steps: a positive integer or `auto` (one message for both, not one per member of the union)."""
+    if value == "auto":
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit() \
+            or int(value) < 1:
+        raise ValueError(f"an integer >= 1 or 'auto', not {value!r}")
+    return int(value)
+
+
+Steps = Annotated[int | Literal["auto"], BeforeValidator(_steps)]
 
 
 class TrainConfig(_Strict):
     head: Literal["frozen", "cross", "reader"] = Field(
-        "frozen", description="frozen: an MLP on the encoded embeddings (fast, CPU-friendly); cross: the encoder "
-                              "fine-tuned on (state, action) pairs as the trunk of Q and V (a GPU job at full size; "
-                              "no tool head); reader: the state as segments, read through their embeddings and "
-                              "tokens (no tool head)")
+        "reader", description="reader: the state as segments (task, observation, results, actions), each read "
+                              "through its embedding, the candidates attending over them (its tool head reads the "
+                              "observation's embedding); frozen: an MLP on one embedding of the rendered state "
+                              "(fastest); cross: the encoder fine-tuned on (state, action) pairs as the trunk of Q and "
+                              "V (a GPU job at full size; no tool head)")
     cross: CrossHeadConfig = CrossHeadConfig()
     reader: ReaderHeadConfig = ReaderHeadConfig()
-    steps: int = Field(2000, ge=1)
+    steps: Steps = Field(
+        "auto", description="gradient steps; auto: about `epochs` passes over the training rows in the head's batches, "
+                            f"at least {AUTO_STEPS[0]} and at most {AUTO_STEPS[1]} (values propagate one step of an "
+                            "episode per target update: more data, longer episodes need more steps)")
+    epochs: float = Field(100.0, gt=0, description="passes over the training rows when steps is auto")
     batch_size: int = Field(256, ge=2)
     lr: float = Field(3e-4, gt=0)
     hidden_dim: int = Field(256, ge=8)
     gamma: float = Field(0.95, gt=0, le=1)
-    expectile: float = Field(0.7, gt=0, lt=1)
+    expectile: float = Field(0.9, gt=0, lt=1, description="V(s) as this expectile of Q: near 1, the best in-sample "
+                                                              "action's value; 0.5, the behaviour's mean")
     polyak: float = Field(0.005, gt=0, le=1)
-    alpha: float = Field(0.3, ge=0, description="candidate-set penalty weight (0: plain IQL)")
+    alpha: float = Field(0.0, ge=0, description="candidate-set penalty weight (0: none; the reader applies it to "
+                                                 "unseen candidates, train.reader.penalty_on)")
     candidates_per_step: int = Field(4, ge=1, description="untaken candidates per state in each penalty batch")
     replay: Literal["stream", "memory"] = Field(
         "stream", description="how a frozen-head worker draws minibatches: stream (its shard read epoch after "

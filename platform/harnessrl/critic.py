@@ -134,6 +134,10 @@ class Critic:
     def render_state(self, state: State) -> str:
         return self.parse_state(state).text
 
+    def state_text(self, state: State) -> str:
+        """The text whose embedding stands for the state (the OOD check's and the tool head's)."""
+        return self.scorer.state_text(self.parse_state(state))
+
     def prepare(self, requests: Sequence[tuple[State, Sequence[str]]]) -> Prepared:
         """Render every state once and list the distinct texts a scoring of `requests` embeds (the
         head's, then the states' for the OOD check)."""
@@ -141,7 +145,7 @@ class Critic:
         parsed = [self.parse_state(s) for s, _ in requests]
         texts = self.scorer.embed_texts(parsed, [cands for _, cands in requests])
         if self.ood_reference is not None:
-            texts = list(dict.fromkeys([*texts, *(self.scorer.ood_text(p) for p in parsed)]))
+            texts = list(dict.fromkeys([*texts, *(self.scorer.state_text(p) for p in parsed)]))
         return Prepared(requests, parsed, texts)
 
     def score_prepared(self, prep: Prepared, features: Sequence[Sequence[Sequence[float]]] | None = None,
@@ -158,7 +162,7 @@ class Critic:
         emb = dict(zip(texts, self.encode(texts, given))) if texts else {}
         if ood:
             reference, threshold = self.ood_reference
-            flags = [bool(x) for x in is_ood(np.stack([emb[self.scorer.ood_text(p)] for p in parsed]), reference,
+            flags = [bool(x) for x in is_ood(np.stack([emb[self.scorer.state_text(p)] for p in parsed]), reference,
                                              threshold)]
         f = None
         if self.uses_features:
@@ -198,7 +202,7 @@ class Critic:
         (`given`: embeddings computed elsewhere, as in `encode`)."""
         if self.tool_head is None:
             raise ModelError(f"critic {self.name} has no tool head (its training data called fewer than two tools)")
-        texts = [self.parse_state(s).text for s in states]
+        texts = [self.state_text(s) for s in states]
         if not texts:
             return []
         emb = self._torch.from_numpy(self.encode(texts, given)).float()
@@ -217,7 +221,7 @@ class Critic:
         if self.ood_reference is None or not states:
             return [None] * len(states)
         reference, threshold = self.ood_reference
-        texts = [self.scorer.ood_text(self.parse_state(s)) for s in states]
+        texts = [self.state_text(s) for s in states]
         return [bool(x) for x in is_ood(self.encode(texts), reference, threshold)]
 
     def decide_scores(self, scores: list[float], ood: bool | None = None, repeats: list[int] | None = None,

@@ -259,15 +259,15 @@ def sampled(batch: pa.Table, share: float, seed: int) -> pa.Table:
 
 class DataStats:
     """What the train job's driver needs of the whole dataset, from one pass a batch at a time: the
-    row count, the history features' mean and std, the tools called, the largest |return|, the
-    vector width and a sample of the training states' vectors (the OOD reference is drawn from it)."""
+    row count, the history features' mean and std, the tools called, the largest |reward| of a
+    step, the vector width and a sample of the training states' vectors (the OOD reference is drawn from it)."""
 
     def __init__(self, batches, n_rows: int, vectors: np.ndarray | None, seed: int = 0,
                  sample_states: int = SAMPLE_STATES):
         from collections import Counter
 
         share = sample_states / max(n_rows, 1)
-        self.rows, self.max_abs_return = 0, 0.0
+        self.rows, self.max_abs_reward = 0, 0.0
         self.dim = int(vectors.shape[1]) if vectors is not None else 0
         self.tools: Counter = Counter()
         total = squares = None
@@ -277,8 +277,8 @@ class DataStats:
             f = _features(b.column("features")).astype(np.float64)
             total, squares = (f.sum(0), (f * f).sum(0)) if total is None else (total + f.sum(0), squares + (f * f).sum(0))
             self.tools.update(b.column("tool").to_pylist())
-            ret = np.abs(b.column("return_to_go").to_numpy(zero_copy_only=False))
-            self.max_abs_return = max(self.max_abs_return, float(ret.max()) if len(ret) else 0.0)
+            rew = np.abs(b.column("reward").to_numpy(zero_copy_only=False))
+            self.max_abs_reward = max(self.max_abs_reward, float(rew.max()) if len(rew) else 0.0)
             s = vectors_of(sampled(b, share, seed), "state_emb", vectors)
             if s is not None:
                 states.append(s)

@@ -183,6 +183,8 @@ class Renderer:
         return render_state(task, history, observation, self.cfg)
 
     def segments(self, task: str, history: Sequence[Turn], observation: str) -> tuple[Segment, ...]:
+        if self.cfg.segments == "text":
+            return (Segment("text", 0, self.text(task, history, observation)),)
         return state_segments(task, history, observation, self.cfg)
 
     def parse(self, state: "str | dict[str, Any] | RequestState") -> RequestState:

@@ -30,7 +30,7 @@ def _alive_train_workers() -> list[int]:
 def test_killed_worker_resumes_from_last_checkpoint(encoded, work):
     from harnessrl.jobs.train import train
 
-    cfg = TrainConfig(steps=STEPS, batch_size=64, num_workers=2, cpus_per_worker=0.5, checkpoint_every=EVERY,
+    cfg = TrainConfig(head="frozen", steps=STEPS, batch_size=64, num_workers=2, cpus_per_worker=0.5, checkpoint_every=EVERY,
                       log_every=EVERY, max_failures=2)
     meta = ModelCard(head_config={}, encoder=encoded.encoder, render={"window": 3, "max_chars": 1500})
     run_dir = work["dir"] / "fault-train" / "fault-test"

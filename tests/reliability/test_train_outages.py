@@ -121,7 +121,7 @@ def test_s3_outage_during_checkpointing(encoded, work, s3, tmp_path, caplog):
     prefix = "runs/outage"
     proxy = FlakyProxy(int(s3["endpoint"].rsplit(":", 1)[1]))
     meta = ModelCard(head_config={}, encoder=json.loads(read_identity(encoded.out_dir).to_json()))
-    cfg = TrainConfig(steps=steps, batch_size=64, checkpoint_every=every, log_every=every, num_workers=1,
+    cfg = TrainConfig(head="frozen", steps=steps, batch_size=64, checkpoint_every=every, log_every=every, num_workers=1,
                       cpus_per_worker=0.5, max_failures=3, storage_retries=3, storage_retry_s=OUTAGE_S / 2)
     outage: dict = {}
 
@@ -219,7 +219,7 @@ def test_mlflow_server_restarted_mid_run(encoded, work, tmp_path):
         client = MlflowClient(server.url)
         run_id = client.create_run(client.create_experiment("restart")).info.run_id
         os.environ["MLFLOW_TRACKING_URI"] = server.url  # train() hands it to the workers in their config
-        cfg = TrainConfig(steps=steps, batch_size=64, checkpoint_every=steps, log_every=every, num_workers=1,
+        cfg = TrainConfig(head="frozen", steps=steps, batch_size=64, checkpoint_every=steps, log_every=every, num_workers=1,
                           cpus_per_worker=0.5)
         meta = ModelCard(head_config={}, encoder=json.loads(read_identity(encoded.out_dir).to_json()))
 

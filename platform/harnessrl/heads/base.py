@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Iterable, Sequence
 
@@ -212,8 +213,9 @@ class Scorer(ABC):
 
     uses_features: bool = False
 
-    def ood_text(self, state) -> str:
-        """The text of a parsed state whose embedding the OOD check compares with the reference."""
+    def state_text(self, state) -> str:
+        """The one text of a parsed state whose embedding stands for it: what the OOD check compares
+        with its reference and the tool head reads."""
         return state.text
 
     @abstractmethod
@@ -273,3 +275,32 @@ def shard_size(rows: dict) -> int:
     if n == 0:
         raise RuntimeError("a training worker got an empty shard")
     return n
+
+
+def defined_tools_of(ds) -> list[str]:
+    """Every tool the episodes define (the `defined_tools` column; absent in older data: none)."""
+    import pyarrow.compute as pc
+
+    if "defined_tools" not in ds.schema().names:
+        return []
+    found: set[str] = set()
+    for b in ds.select_columns(["defined_tools"]).iter_batches(batch_size=65536, batch_format="pyarrow"):
+        found.update(pc.unique(pc.list_flatten(b.column("defined_tools"))).to_pylist())
+    return sorted(t for t in found if t)
+
+
+def tool_head_config(cfg, tools: Iterable[str] | Counter, state_dim: int, defined: Sequence[str] = ()
+                     ) -> tuple[dict | None, list[str]]:
+    """The tool head's DiscreteConfig (as a dict) and vocabulary (tools called, then tools defined
+    but never called, capped at `max_tools`), or (None, vocab) when there is nothing to choose
+    between (fewer than two tools) or it is switched off."""
+    from harnessrl.algorithms.discrete import DiscreteConfig
+    from harnessrl.features import tool_vocabulary
+
+    vocab = tool_vocabulary(Counter(tools), cfg.max_tools, defined)
+    if cfg.tool_head == "none" or len(vocab) < 2:
+        return None, vocab
+    head = DiscreteConfig(state_dim=state_dim, n_actions=len(vocab), hidden_dim=cfg.hidden_dim, gamma=cfg.gamma,
+                          expectile=cfg.expectile, polyak=cfg.polyak, lr=cfg.lr, method=cfg.tool_head,
+                          awr_beta=cfg.awr_beta, bf16=cfg.precision == "bfloat16")
+    return head.to_dict(), vocab

@@ -11,13 +11,13 @@ and scores all pairs in one forward pass.
 
 from __future__ import annotations
 
-from collections import Counter
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable
 
 import numpy as np
 
 from harnessrl.errors import DataError
-from harnessrl.heads.base import DriverData, Exported, Head, Learners, Scorer, Validation, WorkerSetup, successful_mask
+from harnessrl.heads.base import (DriverData, Exported, Head, Learners, Scorer, Validation, WorkerSetup, defined_tools_of,
+                                  successful_mask, tool_head_config)
 
 CHUNK = 8192  # rows per forward pass when scoring the whole dataset
 VALIDATION_ROWS = 8192  # held-out rows each validation scores: a seeded sample of a larger held-out set
@@ -91,35 +91,6 @@ class FrozenScorer(Scorer):
         with torch.no_grad():
             q = self.net.q.min_q(s, emb[[index[t] for t in actions]], f)
             return q.numpy(), self.net.v(s).numpy(), self.net.v(s2).numpy()
-
-
-def defined_tools_of(ds) -> list[str]:
-    """Every tool the episodes define (the `defined_tools` column; absent in older data: none)."""
-    import pyarrow.compute as pc
-
-    if "defined_tools" not in ds.schema().names:
-        return []
-    found: set[str] = set()
-    for b in ds.select_columns(["defined_tools"]).iter_batches(batch_size=65536, batch_format="pyarrow"):
-        found.update(pc.unique(pc.list_flatten(b.column("defined_tools"))).to_pylist())
-    return sorted(t for t in found if t)
-
-
-def tool_head_config(cfg, tools: Iterable[str] | Counter, state_dim: int, defined: Sequence[str] = ()
-                     ) -> tuple[dict | None, list[str]]:
-    """The tool head's DiscreteConfig (as a dict) and vocabulary (tools called, then tools defined
-    but never called, capped at `max_tools`), or (None, vocab) when there is nothing to choose
-    between (fewer than two tools) or it is switched off."""
-    from harnessrl.algorithms.discrete import DiscreteConfig
-    from harnessrl.features import tool_vocabulary
-
-    vocab = tool_vocabulary(Counter(tools), cfg.max_tools, defined)
-    if cfg.tool_head == "none" or len(vocab) < 2:
-        return None, vocab
-    head = DiscreteConfig(state_dim=state_dim, n_actions=len(vocab), hidden_dim=cfg.hidden_dim, gamma=cfg.gamma,
-                          expectile=cfg.expectile, polyak=cfg.polyak, lr=cfg.lr, method=cfg.tool_head,
-                          awr_beta=cfg.awr_beta, bf16=cfg.precision == "bfloat16")
-    return head.to_dict(), vocab
 
 
 class FrozenHead(Head):

@@ -1,7 +1,9 @@
 """The reader head (`train.head: reader`, harnessrl.algorithms.reader): Q and V over the state's
-segments (harnessrl.render.state_segments) through a semantic path (each segment's frozen sentence
-embedding, standardised per role), a token path (the encoder's frozen word embeddings, a small
-trainable convolution, the candidate attending over the state's tokens) and match signals.
+segments (harnessrl.render.state_segments), each read through its frozen sentence embedding
+(standardised per role) and optionally its tokens (the encoder's frozen word embeddings, a small
+trainable convolution), the candidates attending over the segments, with exact-match signals.
+Where the data calls two or more tools, the tool head (harnessrl.algorithms.discrete) trains beside
+it on the embedding of the state's observation, weighted by the reader's advantage.
 
 A worker holds its shard's rows (segments, candidates, features) and the sentence embeddings of the
 texts they name, looked up by content hash in the encode stage's distinct-text table (`_texts`):
@@ -12,20 +14,22 @@ own files, at training and at serving alike; only the trained weights are saved.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 from harnessrl.errors import DataError
-from harnessrl.heads.base import (DriverData, Exported, Head, Learners, Scorer, Validation, WorkerSetup, shard_size,
-                                  successful_mask)
-from harnessrl.heads.reader_inputs import Inputs, Seg, Tokens, as_tensors, assemble
+from harnessrl.heads.base import (DriverData, Exported, Head, Learners, Scorer, Validation, WorkerSetup, defined_tools_of,
+                                  shard_size, successful_mask, tool_head_config)
+from harnessrl.heads.reader_inputs import Inputs, Seg, Tokens, as_tensors, assemble, without_history
 from harnessrl.render import EMBEDDED_ROLES
 from harnessrl.transitions import untaken_candidates
 
 log = logging.getLogger(__name__)
 ROW_COLUMNS = ("state_segments", "next_state_segments", "action_text", "candidates", "features", "candidate_features",
-               "reward", "done", "outcome_success")
+               "reward", "done", "outcome_success", "tool")
+STATE_ROLES = ("observation", "text")  # the segment that stands for the state (OOD check, tool head)
 VALIDATION_ROWS = 1024  # held-out rows scored per validation
 THRESHOLD_ROWS = 4096  # rows of successful episodes scored for the fallback threshold
 CHUNK = 64  # states per forward pass when scoring
@@ -55,6 +59,11 @@ def _segs(value) -> list[Seg]:
     return [(s["role"], int(s["age"]), s["text"]) for s in value or ()]
 
 
+def state_text(segs: Sequence[Seg], default: str = "") -> str:
+    """The current observation: the one text that stands for a state of this head."""
+    return next((t for r, _, t in segs if r in STATE_ROLES), default)
+
+
 def load_rows(batches) -> dict[str, Any]:
     """Transition rows as lists: segments, the taken action, the untaken candidates aligned with
     their features; arrays of reward, done, features, outcome."""
@@ -67,7 +76,8 @@ def load_rows(batches) -> dict[str, Any]:
             cols[k].extend(b.column(k).to_pylist() if k in b.column_names else [None] * b.num_rows)
     n = len(cols["reward"])
     out: dict[str, Any] = {"s": [_segs(x) for x in cols["state_segments"]],
-                           "n": [_segs(x) for x in cols["next_state_segments"]], "action": cols["action_text"]}
+                           "n": [_segs(x) for x in cols["next_state_segments"]], "action": cols["action_text"],
+                           "tool": cols["tool"]}
     out["reward"] = np.asarray(cols["reward"], np.float32)
     out["done"] = np.asarray(cols["done"], np.float32)
     out["outcome_success"] = np.array([bool(x) for x in cols["outcome_success"]], bool)
@@ -138,8 +148,20 @@ def role_stats(rows: dict[str, Any], embed, sem_dim: int) -> tuple[np.ndarray, n
 def _inputs(cfg, encoder_name: str, embed) -> Inputs:
     from harnessrl.tokens import load_tokenizer
 
-    return Inputs(Tokens(load_tokenizer(encoder_name), cfg.segment_tokens), word_embeddings(encoder_name),
-                  embed if cfg.semantic else None, cfg.sem_dim, cfg.state_tokens)
+    word = word_embeddings(encoder_name) if cfg.tokens else np.zeros((0, cfg.word_dim), np.float32)
+    return Inputs(Tokens(load_tokenizer(encoder_name), cfg.segment_tokens), word, embed if cfg.semantic else None,
+                  cfg.sem_dim, token_path=cfg.tokens, match=cfg.match)
+
+
+def penalty_mask(candidates: Sequence[Sequence[str]], k: int, seen: set[str]) -> np.ndarray:
+    """(B, k - 1): which untaken candidates (each list's entries after the first, the taken action)
+    the candidate penalty applies to: those present and not in `seen` (actions taken elsewhere in the
+    data, whose values the TD loss learns where they were taken)."""
+    out = np.zeros((len(candidates), max(0, k - 1)), bool)
+    for i, cands in enumerate(candidates):
+        for j, c in enumerate(cands[1:]):
+            out[i, j] = c not in seen
+    return out
 
 
 def _features(per_state: Sequence[Sequence[Sequence[float]]], k: int, dim: int) -> np.ndarray:
@@ -185,9 +207,9 @@ class ReaderScorer(Scorer):
         self.net, self.inputs = net.eval(), inputs
         self.uses_features = bool(net.feat_mean.numel())
 
-    def ood_text(self, state) -> str:
-        """The current observation (no rendered state is embedded for this head): a situation never seen."""
-        return next((s.text for s in state.segments if s.role in ("observation", "text")), state.text)
+    def state_text(self, state) -> str:
+        """The current observation (no rendered state is embedded for this head)."""
+        return state_text([(s.role, s.age, s.text) for s in state.segments], state.text)
 
     def embed_texts(self, states, candidates) -> list[str]:
         if not self.net.cfg.semantic:
@@ -198,8 +220,7 @@ class ReaderScorer(Scorer):
     def _q(self, segs: Sequence[Sequence[Seg]], candidates: Sequence[Sequence[str]], features, embed) -> np.ndarray:
         import torch
 
-        inputs = Inputs(self.inputs.tokens, self.inputs.word, embed if self.net.cfg.semantic else None,
-                        self.inputs.sem_dim, self.inputs.state_tokens)
+        inputs = replace(self.inputs, embed=embed if self.net.cfg.semantic else None)
         out, pos = [], 0
         with torch.no_grad():
             for i in range(0, len(segs), CHUNK):
@@ -228,8 +249,7 @@ class ReaderScorer(Scorer):
 
         q = self._q([[(s.role, s.age, s.text) for s in p.segments] for p in states], [[a] for a in actions],
                     features, embed)
-        inputs = Inputs(self.inputs.tokens, self.inputs.word, embed if self.net.cfg.semantic else None,
-                        self.inputs.sem_dim, self.inputs.state_tokens)
+        inputs = replace(self.inputs, embed=embed if self.net.cfg.semantic else None)
         vs = []
         with torch.no_grad():
             for group in (states, next_states):
@@ -238,7 +258,7 @@ class ReaderScorer(Scorer):
                 for i in range(0, len(segs), CHUNK):
                     b = as_tensors(assemble(inputs, segs[i:i + CHUNK], [[""] for _ in segs[i:i + CHUNK]]))
                     x = self.net.stream(b)
-                    out.append(self.net.v(self.net.state(x, b, "s"), x).numpy())
+                    out.append(self.net.v(self.net.state(x, b, "s")).numpy())
                 vs.append(np.concatenate(out) if out else np.zeros(0, np.float32))
         return q, vs[0], vs[1]
 
@@ -252,11 +272,11 @@ class ReaderHead(Head):
 
         r = cfg.reader
         dim = data.stats.dim
-        word = word_embeddings(data.encoder_name)
-        network = ReaderConfig(sem_dim=dim, word_dim=int(word.shape[1]), dim=r.dim, conv_layers=r.conv_layers,
-                               heads=r.heads, segment_tokens=r.segment_tokens, state_tokens=r.state_tokens,
-                               hidden_dim=cfg.hidden_dim, semantic=r.semantic, tokens=r.tokens, match=r.match,
-                               gamma=cfg.gamma, expectile=cfg.expectile, polyak=cfg.polyak, lr=r.lr, alpha=cfg.alpha,
+        word_dim = int(word_embeddings(data.encoder_name).shape[1]) if r.tokens else dim
+        network = ReaderConfig(sem_dim=dim, word_dim=word_dim, dim=r.dim, conv_layers=r.conv_layers,
+                               segment_tokens=r.segment_tokens, hidden_dim=cfg.hidden_dim, semantic=r.semantic,
+                               tokens=r.tokens, match=r.match, dueling=r.dueling, value_target=r.value_target, gamma=cfg.gamma,
+                               expectile=cfg.expectile, polyak=cfg.polyak, lr=r.lr, alpha=cfg.alpha,
                                feature_dim=data.feature_dim, bf16=cfg.precision == "bfloat16")
         texts_dir = storage.join(data.encoded_dir, "_texts")
         stats = None
@@ -265,8 +285,11 @@ class ReaderHead(Head):
                                                                                    batch_format="pyarrow"))
             mean, std = role_stats(rows, table_embed(texts_dir), dim)
             stats = {"mean": mean.tolist(), "std": std.tolist()}
+        # the tool head reads the embedding of the state's observation (Critic.state_text)
+        tool_head, vocab = tool_head_config(cfg, data.stats.tools, dim, defined_tools_of(data.ds))
         return {"network": network.to_dict(), "encoder_name": data.encoder_name, "texts_dir": texts_dir,
-                "role_stats": stats, "batch_size": r.batch_size}
+                "role_stats": stats, "batch_size": r.batch_size, "history_dropout": r.history_dropout,
+                "penalty_on": r.penalty_on, "tool_head": tool_head, "tool_vocab": vocab}
 
     def _network(self, config: dict[str, Any]):
         from harnessrl.algorithms.reader import ReaderConfig, ReaderNetwork
@@ -280,23 +303,32 @@ class ReaderHead(Head):
     def worker(self, config, shard: Iterable, val: Iterable | None, world: int, device, wrap=None) -> WorkerSetup:
         import torch
 
+        from harnessrl.algorithms.discrete import DiscreteConfig, DiscreteLearner, DiscreteNetwork
         from harnessrl.algorithms.reader import ReaderLearner
+        from harnessrl.features import tool_ids
 
         wrap = wrap or (lambda net: net.to(device))
         rows = load_rows(shard)
         n = shard_size(rows)
         cfg, net = self._network(config)
-        learners = Learners(ReaderLearner(cfg, wrap(net)))
-        embed = table_embed(config["texts_dir"]) if cfg.semantic else None
+        tool_cfg = DiscreteConfig(**config["tool_head"]) if config.get("tool_head") else None
+        learners = Learners(ReaderLearner(cfg, wrap(net)),
+                            DiscreteLearner(tool_cfg, wrap(DiscreteNetwork(tool_cfg))) if tool_cfg else None)
+        lookup = table_embed(config["texts_dir"]) if cfg.semantic or tool_cfg else None
+        embed = lookup if cfg.semantic else None
         inputs = _inputs(cfg, config["encoder_name"], embed)
         use_f = cfg.feature_dim > 0
-        k_extra = config["candidates_per_step"] if cfg.alpha > 0 else 0
+        k_extra = config["candidates_per_step"] if cfg.alpha > 0 or cfg.value_target == "candidates" else 0
         per_worker = max(1, config["batch_size"] // world)
         reward = rows["reward"] * config["reward_scale"]
         dim_f = rows["features"].shape[1] if use_f else 0
+        drop_share = config.get("history_dropout", 0.0)
+        # the penalty's candidates: never taken anywhere in this worker's data ("unseen"), or all untaken ones
+        seen = set(rows["action"]) if config.get("penalty_on", "untaken") == "unseen" else set()
 
         def step(gen: torch.Generator) -> dict[str, float]:
             idx = torch.randint(n, (per_worker,), generator=gen).tolist()
+            drop = (torch.rand(len(idx), generator=gen) < drop_share).tolist()
             cands, feats = [], []
             for i in idx:
                 picks = torch.randperm(len(rows["cand"][i]), generator=gen)[:k_extra].tolist() if k_extra else []
@@ -304,10 +336,24 @@ class ReaderHead(Head):
                 if use_f:
                     cf = rows["cand_f"][i]
                     feats.append([rows["features"][i]] + [cf[p] if p < len(cf) else [0.0] * dim_f for p in picks])
-            b = as_tensors(assemble(inputs, [rows["s"][i] for i in idx], cands, [rows["n"][i] for i in idx]), device)
-            f = torch.from_numpy(_features(feats, b["k_mask"].shape[1], dim_f)).to(device) if use_f else None
-            return learners.critic.update(b, torch.from_numpy(reward[idx]).to(device),
-                                          torch.from_numpy(rows["done"][idx]).to(device), f)
+            states = [without_history(rows["s"][i]) if d else rows["s"][i] for i, d in zip(idx, drop)]
+            batch = assemble(inputs, states, cands, [rows["n"][i] for i in idx])
+            if k_extra:
+                batch["p_mask"] = penalty_mask(cands, batch["k_mask"].shape[1], seen)
+            b = as_tensors(batch, device)
+            f = None
+            if use_f:  # a state without its history has all-zero history features
+                f = torch.from_numpy(_features(feats, b["k_mask"].shape[1], dim_f) * ~np.array(drop)[:, None, None])
+                f = f.to(device)
+            r, done = torch.from_numpy(reward[idx]).to(device), torch.from_numpy(rows["done"][idx]).to(device)
+            metrics = learners.critic.update(b, r, done, f)
+            if learners.tools is not None:
+                s, s2 = (torch.from_numpy(lookup([state_text(rows[key][i]) for i in idx])).to(device)
+                         for key in ("s", "n"))
+                tool = torch.tensor(tool_ids(config["tool_vocab"], [rows["tool"][i] for i in idx]), device=device)
+                metrics.update({f"tool_{k}": v for k, v in learners.tools.update(
+                    s, tool, r, s2, done, adv=learners.critic.advantage).items()})
+            return metrics
 
         validation = None
         if val is not None:
@@ -318,10 +364,16 @@ class ReaderHead(Head):
     def export(self, checkpoint_dir, config, prefix, data: DriverData) -> Exported:
         import pyarrow as pa
 
+        from harnessrl.algorithms.discrete import DiscreteConfig, DiscreteNetwork
         from harnessrl.training_state import load_network_weights
 
         cfg, net = self._network(config)
         load_network_weights(checkpoint_dir, net, name=f"{prefix}state")
+        tools = None
+        if config.get("tool_head"):
+            tools_net = DiscreteNetwork(DiscreteConfig(**config["tool_head"]))
+            load_network_weights(checkpoint_dir, tools_net, name=f"{prefix}tools")
+            tools = (tools_net, config["tool_head"])
         embed = table_embed(config["texts_dir"]) if cfg.semantic else None
         scorer = ReaderScorer(net, _inputs(cfg, config["encoder_name"], embed))
         rng = np.random.default_rng(data.seed)
@@ -339,10 +391,10 @@ class ReaderHead(Head):
         def observations(ds):
             found = set()
             for b in ds.select_columns(["state_segments"]).iter_batches(batch_size=8192, batch_format="pyarrow"):
-                found.update(s["text"] for row in b.column(0).to_pylist() for s in row or () if s["role"] == "observation")
+                found.update(state_text(_segs(row)) for row in b.column(0).to_pylist())
             return lookup(sorted(found)) if found else None
 
-        return Exported(scorer, q, ood_states=observations(data.ds),
+        return Exported(scorer, q, tools, ood_states=observations(data.ds),
                         ood_held_out=observations(data.calibration) if data.calibration is not None else None)
 
     def save(self, directory, scorer: ReaderScorer) -> None:
@@ -351,9 +403,13 @@ class ReaderHead(Head):
         save_weights(scorer.net, f"{directory}/{WEIGHTS}")
 
     def load(self, directory, card, device=None) -> ReaderScorer:
-        from harnessrl.algorithms.reader import ReaderConfig, ReaderNetwork
+        from harnessrl.algorithms.reader import VERSION, ReaderConfig, ReaderNetwork
+        from harnessrl.errors import ModelError
         from harnessrl.model_files import WEIGHTS, load_weights
 
+        if card.head_config.get("version") != VERSION:
+            raise ModelError(f"critic {directory}: a reader network of version {card.head_config.get('version', 1)}; "
+                             f"this release reads version {VERSION}: train it again")
         cfg = ReaderConfig(**card.head_config)
         net = ReaderNetwork(cfg)
         load_weights(net, f"{directory}/{WEIGHTS}")

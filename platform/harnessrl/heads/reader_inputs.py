@@ -1,9 +1,10 @@
 """The reader head's batches: states as segments and candidates, turned into the index tensors the
 reader network reads (harnessrl.algorithms.reader). Training and serving build them here alike.
 
-A batch holds one flat token stream with every distinct text of the batch once (segments of the
-states and next states, candidates), a separator after each; states and candidates index into it.
-The frozen word embeddings are gathered once per distinct token id of the batch.
+A batch holds every distinct text of the batch once (segments of the states and next states,
+candidates): its sentence embedding (semantic path) and its token ids (token path, match signals);
+states and candidates index into them. The frozen word embeddings are gathered once per distinct
+token id of the batch.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from typing import Callable, Sequence
 import numpy as np
 
 from harnessrl.algorithms.reader import MAX_AGE, ROLE_ID
-from harnessrl.render import EMBEDDED_ROLES
+from harnessrl.render import EMBEDDED_ROLES, SEGMENT_ROLES
 
 Seg = tuple[str, int, str]  # (role, age, text): a harnessrl.render.Segment as the data stores it
+KEPT_ROLES = frozenset({"task", "observation", "status", "text"})  # what a state without its history keeps
 
 
 class Tokens:
@@ -42,82 +44,83 @@ class Tokens:
 @dataclass
 class Inputs:
     """What `assemble` needs besides the states: the tokens and embeddings of texts, the frozen
-    word-embedding table (vocabulary x word_dim, float32) and the budgets."""
+    word-embedding table (vocabulary x word_dim, float32) and which paths read them."""
 
     tokens: Tokens
     word: np.ndarray
     embed: Callable[[Sequence[str]], np.ndarray] | None  # texts -> sentence embeddings (None: semantic path off)
     sem_dim: int
-    state_tokens: int
+    token_path: bool = False
+    match: bool = True
 
 
-def _state_tokens(segs: Sequence[Seg], start: dict[str, int], ids: dict[str, np.ndarray], limit: int):
-    idx = [start[t] + np.arange(len(ids[t])) for _, _, t in segs]
-    role = [np.full(len(ids[t]), ROLE_ID[r]) for r, _, t in segs]
-    age = [np.full(len(ids[t]), min(a, MAX_AGE)) for _, a, t in segs]
-    cat = lambda xs: np.concatenate(xs)[:limit] if xs else np.zeros(0, np.int64)  # noqa: E731
-    return cat(idx), cat(role), cat(age)
+def without_history(state: Sequence[Seg]) -> list[Seg]:
+    """The state as an agent that sent no history would give it: its task and observation only
+    (the history features of such a state are all zero)."""
+    return [s for s in state if s[0] in KEPT_ROLES]
+
+
+def _match(states: Sequence[Sequence[Seg]], candidates: Sequence[Sequence[str]], ids: dict[str, np.ndarray],
+           K: int) -> np.ndarray:
+    """(B, K, roles): per state role, the share of the candidate's distinct tokens found there."""
+    sets = {t: set(x.tolist()) for t, x in ids.items()}
+    out = np.zeros((len(states), K, len(SEGMENT_ROLES)), np.float32)
+    for i, (st, cands) in enumerate(zip(states, candidates)):
+        by_role: dict[int, set[int]] = {}
+        for role, _, text in st:
+            by_role.setdefault(ROLE_ID[role], set()).update(sets[text])
+        for k, c in enumerate(cands):
+            mine = sets[c]
+            for r, found in by_role.items():
+                out[i, k, r] = len(mine & found) / max(1, len(mine))
+    return out
 
 
 def assemble(inp: Inputs, states: Sequence[Sequence[Seg]], candidates: Sequence[Sequence[str]],
              next_states: Sequence[Sequence[Seg]] | None = None) -> dict[str, np.ndarray]:
     """Index arrays of a batch (numpy; `as_tensors` makes them torch). Candidates are padded to the
-    longest list (`k_mask`); next states (training) share the token stream."""
+    longest list (`k_mask`); next states (training) share the texts."""
     groups = [states] + ([next_states] if next_states is not None else [])
-    texts = list(dict.fromkeys([t for g in groups for st in g for _, _, t in st]
-                               + [c for cands in candidates for c in cands]))
-    ids = dict(zip(texts, inp.tokens(texts)))
-    lens = np.array([len(ids[t]) for t in texts], np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lens + 1)])[:-1]
-    start = {t: int(o) for t, o in zip(texts, offsets)}
-    n = int(offsets[-1] + lens[-1] + 1) if texts else 1
-    x_ids, x_pos, x_mask = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, bool)
-    for t, o, length in zip(texts, offsets, lens):
-        x_ids[o:o + length], x_pos[o:o + length], x_mask[o:o + length] = ids[t], np.arange(length), True
-    sep = n - 1  # a separator position: zero, masked
-    uniq, inv = np.unique(x_ids, return_inverse=True)
-    out: dict[str, np.ndarray] = {"word": inp.word[uniq].astype(np.float32), "x_inv": inv.astype(np.int64),
-                                  "x_pos": x_pos, "x_mask": x_mask}
-    B = len(states)
-    emb = {}
+    cand_texts = [c for cands in candidates for c in cands]
+    texts = list(dict.fromkeys([t for g in groups for st in g for _, _, t in st] + cand_texts))
+    index = {t: i for i, t in enumerate(texts)}
+    out: dict[str, np.ndarray] = {}
+    ids = dict(zip(texts, inp.tokens(texts))) if (inp.token_path or inp.match) and texts else {}
+    if inp.token_path:
+        L = max(1, max((len(x) for x in ids.values()), default=1))
+        t_ids, t_mask = np.zeros((max(1, len(texts)), L), np.int64), np.zeros((max(1, len(texts)), L), bool)
+        for i, t in enumerate(texts):
+            t_ids[i, : len(ids[t])], t_mask[i, : len(ids[t])] = ids[t], True
+        uniq, inv = np.unique(t_ids, return_inverse=True)
+        out.update(word=inp.word[uniq].astype(np.float32), t_inv=inv.reshape(t_ids.shape).astype(np.int64),
+                   t_mask=t_mask)
     if inp.embed is not None:
-        sem_texts = list(dict.fromkeys([t for g in groups for st in g for r, _, t in st if r in EMBEDDED_ROLES]
-                                       + [c for cands in candidates for c in cands]))
-        emb = dict(zip(sem_texts, inp.embed(sem_texts))) if sem_texts else {}
+        # the sentence embeddings of candidates and of segments in the embedded roles ("actions" is not)
+        wanted = set(cand_texts) | {t for g in groups for st in g for r, _, t in st if r in EMBEDDED_ROLES}
+        emb = np.zeros((max(1, len(texts)), inp.sem_dim), np.float32)
+        rows = [i for i, t in enumerate(texts) if t in wanted]
+        if rows:
+            emb[rows] = inp.embed([texts[i] for i in rows])
+        out["emb"] = emb
+    B = len(states)
     for p, group in zip(("s", "n"), groups):
-        parts = [_state_tokens(st, start, ids, inp.state_tokens) for st in group]
-        T = max(1, max(len(q[0]) for q in parts))
-        idx, role, age = np.full((B, T), sep, np.int64), np.zeros((B, T), np.int64), np.zeros((B, T), np.int64)
-        mask = np.zeros((B, T), bool)
-        for i, (a, r, g) in enumerate(parts):
-            idx[i, : len(a)], role[i, : len(a)], age[i, : len(a)], mask[i, : len(a)] = a, r, g, True
-        out.update({f"{p}_idx": idx, f"{p}_role": role, f"{p}_age": age, f"{p}_mask": mask,
-                    f"{p}_ids": np.where(mask, x_ids[idx], -1)})
-        if inp.embed is not None:
-            sem = [[s for s in st if s[0] in EMBEDDED_ROLES] for st in group]
-            S = max(1, max(len(x) for x in sem))
-            seg_emb = np.zeros((B, S, inp.sem_dim), np.float32)
-            seg_role, seg_age, seg_mask = np.zeros((B, S), np.int64), np.zeros((B, S), np.int64), np.zeros((B, S), bool)
-            for i, segs in enumerate(sem):
-                for j, (r, a, t) in enumerate(segs):
-                    seg_emb[i, j], seg_role[i, j], seg_age[i, j], seg_mask[i, j] = emb[t], ROLE_ID[r], min(a, MAX_AGE), True
-                if not segs:  # a state with nothing to embed: one masked-in zero slot keeps the softmax defined
-                    seg_mask[i, 0] = True
-            out.update({f"{p}_seg_emb": seg_emb, f"{p}_seg_role": seg_role, f"{p}_seg_age": seg_age,
-                        f"{p}_seg_mask": seg_mask})
-    K = max(1, max(len(c) for c in candidates))
-    L = max(1, max((len(ids[c]) for cands in candidates for c in cands), default=1))
-    c_idx, c_mask = np.full((B, K, L), sep, np.int64), np.zeros((B, K, L), bool)
-    k_mask = np.zeros((B, K), bool)
-    c_emb = np.zeros((B, K, inp.sem_dim), np.float32)
+        S = max(1, max((len(st) for st in group), default=1))
+        u, role, age = np.zeros((B, S), np.int64), np.zeros((B, S), np.int64), np.zeros((B, S), np.int64)
+        mask = np.zeros((B, S), bool)
+        for i, st in enumerate(group):
+            for j, (r, a, t) in enumerate(st):
+                u[i, j], role[i, j], age[i, j], mask[i, j] = index[t], ROLE_ID[r], min(a, MAX_AGE), True
+            if not st:  # a state with no segment: one masked-in zero slot keeps the attention defined
+                mask[i, 0] = True
+        out.update({f"{p}_u": u, f"{p}_role": role, f"{p}_age": age, f"{p}_mask": mask})
+    K = max(1, max((len(c) for c in candidates), default=1))
+    c_u, k_mask = np.zeros((B, K), np.int64), np.zeros((B, K), bool)
     for i, cands in enumerate(candidates):
         for k, c in enumerate(cands):
-            length = len(ids[c])
-            c_idx[i, k, :length], c_mask[i, k, :length], k_mask[i, k] = start[c] + np.arange(length), True, True
-            if emb:
-                c_emb[i, k] = emb[c]
-    out.update({"c_idx": c_idx, "c_mask": c_mask, "k_mask": k_mask, "c_emb": c_emb,
-                "c_ids": np.where(c_mask, x_ids[c_idx], -2)})
+            c_u[i, k], k_mask[i, k] = index[c], True
+    out.update(c_u=c_u, k_mask=k_mask)
+    if inp.match:
+        out["match"] = _match(states, candidates, ids, K)
     return out
 
 
