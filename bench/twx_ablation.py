@@ -31,7 +31,9 @@ import twx  # noqa: E402  (bench/ is no package)
 
 PINS = "render.pin=[task, read map, read cookbook, read math problem, read instructions book, inventory]"
 BASE = [PINS, "render.list_actions=true", "render.observation_first=true", "render.max_chars=2500",
-        "encoder.max_seq_length=256", "train.validation_fraction=0.1", "train.select=last", "train.steps=1000"]
+        "encoder.max_seq_length=256", "train.validation_fraction=0.1", "train.select=last", "train.steps=1000",
+        # issue 5's critic, pinned: the defaults have moved since (reader head, alpha 0, expectile 0.9)
+        "train.head=frozen", "train.alpha=0.3", "train.expectile=0.7"]
 BASE_LABEL = "base: issue-5 rendering, history features, alpha 0.3, expectile 0.7, 1000 steps"
 # name -> (what changes, overrides applied after BASE)
 VARIANTS: dict[str, tuple[str, list[str]]] = {

@@ -288,7 +288,7 @@ def test_without_penalty_some_unseen_action_outranks_the_data(plain, logged, exa
     "BUG: iql.py candidate_penalty/IQLLearner.update: the CQL term's gradient also raises Q of the "
     "taken action above its TD target (at equilibrium Q(s,a) - y = alpha (beta(a) - softmax_a Q) / (2 beta(a))); "
     "with expectile near 1, V picks the inflated in-data Q and bootstrapping compounds it by ~1/(1-gamma): "
-    "at alpha=1, V > 1.1 on every cell although no return exceeds 1 (the default is 0.3 to limit this)"))
+    "at alpha=1, V > 1.1 on every cell although no return exceeds 1 (one reason the default is now 0)"))
 def test_penalty_keeps_in_support_values(penalised, exact):
     """A conservative critic may lean low, but its values must stay feasible (returns lie in
     [0, 1]) and near the in-support optimum."""

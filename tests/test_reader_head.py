@@ -135,7 +135,7 @@ def test_a_reader_critic_trains_exports_loads_and_serves_with_equal_scores(ray_l
         path.write_text("".join(json.dumps(e).replace('"move ', '"') + "\n"
                                 for e in mdp.episodes(n, seed, 0.3, 0.95, weights, 25)))
     cfg = parse_pipeline({"name": "reader-it", "output_dir": str(tmp_path / "run"), "data": {"train": [str(logs)]},
-                          "train": {"head": "reader", "steps": 400, "log_every": 200, "checkpoint_every": 400,
+                          "train": {"head": "reader", "log_every": 500, "checkpoint_every": 1000,
                                     "validation_fraction": 0.2, "reader": {"batch_size": 32}},
                           "render": {"tool_from": "first_word"},
                           "serve": {"enabled": False}, "registry": {"model_name": "reader-it"}})
@@ -143,6 +143,14 @@ def test_a_reader_critic_trains_exports_loads_and_serves_with_equal_scores(ray_l
     summary = run_pipeline(cfg)
     critic = Critic.load(summary["model"]["uri"])
     assert critic.card.head == "reader" and critic.card.ood is not None and critic.threshold is not None
+
+    # the CI-sized version of bench/tabular.py: asked about every reachable state with an empty
+    # history, its greedy choice is optimal under the exact Q* (a random scorer's share is about 0.3)
+    Q, index = mdp.q_star(cfg.train.gamma, weights), {s: i for i, s in enumerate(mdp.states)}
+    everywhere = critic.score_batch([({"task": mdp.task_text, "history": [], "observation": mdp.observation(s)},
+                                      actions) for s in mdp.reachable])
+    optimal = [Q[index[s]][int(np.argmax(sc))] >= Q[index[s]].max() - 1e-6 for s, sc in zip(mdp.reachable, everywhere)]
+    assert np.mean(optimal) >= 0.9, optimal
 
     states = [{"task": mdp.task_text, "history": [], "observation": mdp.observation(s)} for s in mdp.reachable[:5]]
     local = [critic.score(s, actions) for s in states]
