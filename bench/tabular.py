@@ -14,9 +14,11 @@ recipe and discount, so it is what the critic estimates.
 
     python bench/tabular.py                                   # 3 tasks x 2 wordings, the default head
     python bench/tabular.py --tasks frozenlake --wordings a,b --heads reader,frozen --json out.json --markdown out.md
-    python bench/tabular.py --reduced                         # the CI size: FrozenLake, 2 wordings, few steps
+    python bench/tabular.py --reduced                         # a smoke run: FrozenLake, 2 wordings, 600 steps
+    python bench/tabular.py --tasks frozenlake --wordings b --ablation   # one row per changed ingredient
     # --episodes N (per task; default harnessrl.examples.tabular.DEFAULT_EPISODES), --set k=v (pipeline overrides)
 
+The CI-sized check is tests/test_reader_head.py (FrozenLake, default steps, empty history >= 0.9).
 Ray binds 127.0.0.1; MLflow is the default local store under $HARNESSRL_HOME.
 """
 
@@ -156,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epsilon", type=float, default=0.3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", help="pipeline override (repeatable)")
-    p.add_argument("--reduced", action="store_true", help="the CI size: FrozenLake, both wordings, 600 steps")
+    p.add_argument("--reduced", action="store_true", help="a smoke run: FrozenLake, both wordings, 600 steps")
     p.add_argument("--ablation", nargs="?", const=",".join(ABLATION), default=None,
                    help=f"one row per changed ingredient of the defaults (comma-separated of {', '.join(ABLATION)}; "
                         "default all), for each task and wording; --heads is ignored")
