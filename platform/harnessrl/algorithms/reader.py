@@ -157,7 +157,7 @@ class ReaderNetwork(nn.Module):
         memory = torch.einsum("bs,bsd->bd", att, seg)
         return {"seg": seg, "mask": mask, "obs": slots[1], "summary": torch.cat([*slots, memory], -1)}
 
-    def v(self, st: dict, x: torch.Tensor | None = None) -> torch.Tensor:
+    def v(self, st: dict) -> torch.Tensor:
         return self.v_head(st["summary"]).squeeze(-1)
 
     # ---- the candidates -------------------------------------------------------------------------

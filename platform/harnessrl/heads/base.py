@@ -122,6 +122,28 @@ class Learners:
     def __init__(self, critic, tools=None):
         self.critic, self.tools = critic, tools
 
+    @classmethod
+    def with_tool_head(cls, critic, config: dict, wrap) -> "Learners":
+        """The critic and, when the loop config names one (`tool_head`), the tool head's learner."""
+        from harnessrl.algorithms.discrete import DiscreteConfig, DiscreteLearner, DiscreteNetwork
+
+        if not config.get("tool_head"):
+            return cls(critic)
+        tool_cfg = DiscreteConfig(**config["tool_head"])
+        return cls(critic, DiscreteLearner(tool_cfg, wrap(DiscreteNetwork(tool_cfg))))
+
+    def update_tools(self, vocab: Sequence[str], s, tools: Sequence[str], r, s2, done) -> dict[str, float]:
+        """One step of the tool head (if any) on state vectors `s`, `s2` and the tools called, weighted
+        by the critic's advantage of the taken action in the batch it just stepped on."""
+        if self.tools is None:
+            return {}
+        import torch
+
+        from harnessrl.features import tool_ids
+
+        tool = torch.tensor(tool_ids(vocab, list(tools)), device=s.device)
+        return {f"tool_{k}": v for k, v in self.tools.update(s, tool, r, s2, done, adv=self.critic.advantage).items()}
+
     def parts(self):
         yield "state", self.critic
         if self.tools is not None:
@@ -190,6 +212,18 @@ class WorkerSetup:
     learners: Learners
     step: Callable[[Any], dict[str, float]]
     validation: Validation | None
+
+
+def exported_tool_head(checkpoint_dir, config: dict, prefix: str) -> tuple[Any, dict] | None:
+    """The tool head's trained network and config from a checkpoint (None when the loop had none)."""
+    if not config.get("tool_head"):
+        return None
+    from harnessrl.algorithms.discrete import DiscreteConfig, DiscreteNetwork
+    from harnessrl.training_state import load_network_weights
+
+    net = DiscreteNetwork(DiscreteConfig(**config["tool_head"]))
+    load_network_weights(checkpoint_dir, net, name=f"{prefix}tools")
+    return net, config["tool_head"]
 
 
 @dataclass

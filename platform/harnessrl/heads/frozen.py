@@ -17,7 +17,7 @@ import numpy as np
 
 from harnessrl.errors import DataError
 from harnessrl.heads.base import (DriverData, Exported, Head, Learners, Scorer, Validation, WorkerSetup, defined_tools_of,
-                                  successful_mask, tool_head_config)
+                                  exported_tool_head, successful_mask, tool_head_config)
 
 CHUNK = 8192  # rows per forward pass when scoring the whole dataset
 VALIDATION_ROWS = 8192  # held-out rows each validation scores: a seeded sample of a larger held-out set
@@ -112,18 +112,14 @@ class FrozenHead(Head):
     def worker(self, config, shard: Iterable, val: Iterable | None, world: int, device, wrap=None) -> WorkerSetup:
         import torch
 
-        from harnessrl.algorithms.discrete import DiscreteConfig, DiscreteLearner, DiscreteNetwork
         from harnessrl.algorithms.iql import IQLConfig, IQLLearner, IQLNetwork
-        from harnessrl.features import tool_ids
 
         wrap = wrap or (lambda net: net.to(device))
         cfg = IQLConfig(**config["network"])
         net = IQLNetwork(cfg)
         if cfg.feature_dim:
             net.q.set_feature_stats(*config["feature_stats"])  # before DDP, which broadcasts buffers
-        tool_cfg = DiscreteConfig(**config["tool_head"]) if config.get("tool_head") else None
-        learners = Learners(IQLLearner(cfg, wrap(net)),
-                            DiscreteLearner(tool_cfg, wrap(DiscreteNetwork(tool_cfg))) if tool_cfg else None)
+        learners = Learners.with_tool_head(IQLLearner(cfg, wrap(net)), config, wrap)
         use_f, use_cand = cfg.feature_dim > 0, cfg.alpha > 0
         per_worker = max(1, config["batch_size"] // world)
         # the shard streams (a shuffle buffer of rows, their vectors gathered a batch at a time) or is held whole
@@ -144,10 +140,7 @@ class FrozenHead(Head):
                 cand_mask = torch.from_numpy(b["cand_mask"][:, cols]).to(device)
                 cand_f = torch.from_numpy(b["cand_f"][:, cols]).to(device) if use_f else None
             metrics = learners.critic.update(s, t["action_emb"], r, s2, done, f, cand, cand_mask, cand_f)
-            if learners.tools is not None:
-                tool_id = torch.tensor(tool_ids(config["tool_vocab"], b["tool"].tolist()), device=device)
-                metrics.update({f"tool_{k}": v for k, v in learners.tools.update(
-                    s, tool_id, r, s2, done, adv=learners.critic.advantage).items()})
+            metrics.update(learners.update_tools(config["tool_vocab"], s, b["tool"].tolist(), r, s2, done))
             return metrics
 
         validation = None
@@ -158,18 +151,13 @@ class FrozenHead(Head):
     def export(self, checkpoint_dir, config, prefix, data: DriverData) -> Exported:
         import torch
 
-        from harnessrl.algorithms.discrete import DiscreteConfig, DiscreteNetwork
         from harnessrl.algorithms.iql import IQLConfig, IQLNetwork
         from harnessrl.training_state import load_network_weights
 
         net = IQLNetwork(IQLConfig(**config["network"]))
         load_network_weights(checkpoint_dir, net, name=f"{prefix}state")
         net.eval()
-        tools = None
-        if config.get("tool_head"):
-            tools_net = DiscreteNetwork(DiscreteConfig(**config["tool_head"]))
-            load_network_weights(checkpoint_dir, tools_net, name=f"{prefix}tools")
-            tools = (tools_net, config["tool_head"])
+        tools = exported_tool_head(checkpoint_dir, config, prefix)
         q, ok = [], []  # Q(s, a) of every calibration row, a batch at a time; the rows of successful episodes kept
         with torch.no_grad():
             for arrays in data.calibration_arrays():

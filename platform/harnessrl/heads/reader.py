@@ -21,7 +21,7 @@ import numpy as np
 
 from harnessrl.errors import DataError
 from harnessrl.heads.base import (DriverData, Exported, Head, Learners, Scorer, Validation, WorkerSetup, defined_tools_of,
-                                  shard_size, successful_mask, tool_head_config)
+                                  exported_tool_head, shard_size, successful_mask, tool_head_config)
 from harnessrl.heads.reader_inputs import Inputs, Seg, Tokens, as_tensors, assemble, without_history
 from harnessrl.render import EMBEDDED_ROLES
 from harnessrl.transitions import untaken_candidates
@@ -303,18 +303,14 @@ class ReaderHead(Head):
     def worker(self, config, shard: Iterable, val: Iterable | None, world: int, device, wrap=None) -> WorkerSetup:
         import torch
 
-        from harnessrl.algorithms.discrete import DiscreteConfig, DiscreteLearner, DiscreteNetwork
         from harnessrl.algorithms.reader import ReaderLearner
-        from harnessrl.features import tool_ids
 
         wrap = wrap or (lambda net: net.to(device))
         rows = load_rows(shard)
         n = shard_size(rows)
         cfg, net = self._network(config)
-        tool_cfg = DiscreteConfig(**config["tool_head"]) if config.get("tool_head") else None
-        learners = Learners(ReaderLearner(cfg, wrap(net)),
-                            DiscreteLearner(tool_cfg, wrap(DiscreteNetwork(tool_cfg))) if tool_cfg else None)
-        lookup = table_embed(config["texts_dir"]) if cfg.semantic or tool_cfg else None
+        learners = Learners.with_tool_head(ReaderLearner(cfg, wrap(net)), config, wrap)
+        lookup = table_embed(config["texts_dir"]) if cfg.semantic or learners.tools is not None else None
         embed = lookup if cfg.semantic else None
         inputs = _inputs(cfg, config["encoder_name"], embed)
         use_f = cfg.feature_dim > 0
@@ -350,9 +346,8 @@ class ReaderHead(Head):
             if learners.tools is not None:
                 s, s2 = (torch.from_numpy(lookup([state_text(rows[key][i]) for i in idx])).to(device)
                          for key in ("s", "n"))
-                tool = torch.tensor(tool_ids(config["tool_vocab"], [rows["tool"][i] for i in idx]), device=device)
-                metrics.update({f"tool_{k}": v for k, v in learners.tools.update(
-                    s, tool, r, s2, done, adv=learners.critic.advantage).items()})
+                metrics.update(learners.update_tools(config["tool_vocab"], s, [rows["tool"][i] for i in idx], r, s2,
+                                                     done))
             return metrics
 
         validation = None
@@ -364,16 +359,11 @@ class ReaderHead(Head):
     def export(self, checkpoint_dir, config, prefix, data: DriverData) -> Exported:
         import pyarrow as pa
 
-        from harnessrl.algorithms.discrete import DiscreteConfig, DiscreteNetwork
         from harnessrl.training_state import load_network_weights
 
         cfg, net = self._network(config)
         load_network_weights(checkpoint_dir, net, name=f"{prefix}state")
-        tools = None
-        if config.get("tool_head"):
-            tools_net = DiscreteNetwork(DiscreteConfig(**config["tool_head"]))
-            load_network_weights(checkpoint_dir, tools_net, name=f"{prefix}tools")
-            tools = (tools_net, config["tool_head"])
+        tools = exported_tool_head(checkpoint_dir, config, prefix)
         embed = table_embed(config["texts_dir"]) if cfg.semantic else None
         scorer = ReaderScorer(net, _inputs(cfg, config["encoder_name"], embed))
         rng = np.random.default_rng(data.seed)
