@@ -1,5 +1,5 @@
-"""Training on corpora larger than memory (issue 26): the train job (`jobs.train.train`, frozen head,
-Ray Train, the pipeline's defaults) at 100k and 1M transitions, side by side in one run:
+"""Training on corpora larger than memory (issue 26): the train job (`jobs.train.train`, frozen head or
+`--head reader`, Ray Train, the pipeline's defaults) at 100k and 1M transitions, side by side in one run:
 
   stream   `train.replay: stream` (the default): each worker streams its shard through a local
            shuffle buffer and gathers the vectors its rows reference, a batch at a time
@@ -21,11 +21,14 @@ The data are synthetic encoded datasets written as the encode stage writes them 
 MiniLM's identity, 384-d float32 vectors): episodes of 20 steps, 10 untaken candidates per step
 with their features, 8 tools, task groups of 10 episodes; every row references its texts in a
 distinct-text table of --distinct texts (the same table at every size: the table follows the
-distinct texts, the rows follow the transitions, and this measures the rows).
+distinct texts, the rows follow the transitions, and this measures the rows). For `--head reader`
+the rows also hold what that head reads: each state as four segments (task, observation, last
+action, one result) and the action and candidate texts, all texts of the same table.
 
     python bench/train.py --scale                       # the same as:
     python bench/train_scale.py                         # 100k and 1M, 300 steps each (~10 min, 2 cores)
     python bench/train_scale.py --rows 20000,200000 --steps 100 --json /tmp/scale.json
+    python bench/train_scale.py --head reader           # the reader head (the default critic)
 
 Ray binds 127.0.0.1; nothing is logged to MLflow.
 """
@@ -49,8 +52,29 @@ FILE_ROWS = 100_000  # rows per Parquet file of the synthetic data
 
 
 # ---- synthetic encoded data ----------------------------------------------------------------------
-def _table(start: int, n: int, distinct: int, rng):
-    """Rows start..start+n of the synthetic corpus in the reference layout."""
+SEGMENT_ROLES = ("task", "observation", "last", "result")  # each synthetic state's segments (the reader's rows)
+
+
+def _texts(keys: np.ndarray) -> pa.Array:
+    import pyarrow as pa
+
+    return pa.array([f"text {k}" for k in keys])
+
+
+def _segments(n: int, distinct: int, rng):
+    """n states as the reader head's rows hold them: segments (role, age, text) naming texts of the table."""
+    import pyarrow as pa
+
+    k = len(SEGMENT_ROLES)
+    struct = pa.StructArray.from_arrays(
+        [pa.array(np.tile(np.array(SEGMENT_ROLES), n)), pa.array(np.tile(np.array([0, 0, 0, 1], np.int32), n)),
+         _texts(rng.integers(0, distinct, n * k))], names=["role", "age", "text"])
+    return pa.ListArray.from_arrays(pa.array(np.arange(0, n * k + 1, k, dtype=np.int32)), struct)
+
+
+def _table(start: int, n: int, distinct: int, rng, head: str = "frozen"):
+    """Rows start..start+n of the synthetic corpus in the reference layout (for the reader head: with
+    the state segments, the action and candidate texts its rows name)."""
     import pyarrow as pa
 
     from harnessrl.features import FEATURE_NAMES
@@ -66,7 +90,7 @@ def _table(start: int, n: int, distinct: int, rng):
         return pa.ListArray.from_arrays(pa.array(np.arange(0, len(values) + 1, width, dtype=np.int32)), pa.array(values))
 
     tools = np.array([f"tool{k}" for k in range(TOOLS)])
-    return pa.table({
+    table = pa.table({
         "episode_id": pa.array([f"ep{e:08d}" for e in episode]), "step_idx": pa.array(step.astype(np.int32)),
         "group_id": pa.array([f"task{e // GROUP_EPISODES:07d}" for e in episode]),
         "tool": pa.array(tools[rng.integers(0, TOOLS, n)]),
@@ -82,9 +106,17 @@ def _table(start: int, n: int, distinct: int, rng):
         "next_state_ref": pa.array(rng.integers(0, distinct, n, dtype=np.int32)),
         "candidate_ref": lists(rng.integers(0, distinct, n * CANDIDATES, dtype=np.int32), CANDIDATES),
     })
+    if head == "reader":  # the texts of the references, and the segments of the states
+        table = table.append_column("action_text", _texts(table.column("action_ref").to_numpy()))
+        table = table.append_column("candidates", pa.ListArray.from_arrays(
+            table.column("candidate_ref").chunk(0).offsets, _texts(table.column("candidate_ref").chunk(0).values)))
+        table = table.append_column("state_segments", _segments(n, distinct, rng))
+        table = table.append_column("next_state_segments", _segments(n, distinct, rng))
+    return table
 
 
-def write_dataset(out: Path, rows: int, distinct: int, seed: int, layout: str = "references") -> Path:
+def write_dataset(out: Path, rows: int, distinct: int, seed: int, layout: str = "references",
+                  head: str = "frozen") -> Path:
     """A synthetic encoded dataset at `out` (skipped when one of that size is already there)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -92,25 +124,27 @@ def write_dataset(out: Path, rows: int, distinct: int, seed: int, layout: str = 
     from harnessrl import encoded_data
     from harnessrl.encoders import encoder_identity, text_hash
 
-    if encoded_data.exists(str(out)) and encoded_data.read_meta(str(out)).get("rows") == rows:
+    if encoded_data.exists(str(out)) and encoded_data.read_meta(str(out)).get("rows") == rows \
+            and encoded_data.read_meta(str(out)).get("head", "frozen") == head:
         return out
     identity = encoder_identity()
     rng = np.random.default_rng(seed)
     vectors = rng.normal(size=(distinct, identity.dim)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    keys = np.sort(np.array([text_hash(f"text {k}") for k in range(distinct)], dtype="S32"))
+    keys = np.sort(np.array([text_hash(f"text {k}") for k in range(distinct)], dtype="S32"))  # the table's order
     (out / "_texts").mkdir(parents=True, exist_ok=True)
     (out / "data").mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table({"text_hash": pa.array(keys.astype(str)),
                              "emb": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), identity.dim)}),
                    out / "_texts" / "part-00000.parquet", compression="zstd")
     for k, start in enumerate(range(0, rows, FILE_ROWS)):
-        table = _table(start, min(FILE_ROWS, rows - start), distinct, rng)
+        table = _table(start, min(FILE_ROWS, rows - start), distinct, rng, head)
         if layout == "copies":
             table = encoded_data.with_vectors(table, vectors)
         pq.write_table(table, out / "data" / f"part-{k:05d}.parquet", compression="zstd", row_group_size=4096)
     encoded_data.write_meta(str(out), {"encoder": json.loads(identity.to_json()), "rows": rows, "dtype": "float32",
-                                       "vectors": layout, "texts_distinct": distinct, "synthetic": True})
+                                       "vectors": layout, "texts_distinct": distinct, "synthetic": True,
+                                       "head": head})
     return out
 
 
@@ -191,8 +225,8 @@ def child(args) -> int:
     with PeakPss() as pss:
         t0 = time.time()
         init_ray()
-        cfg = TrainConfig(head="frozen", steps=args.steps, batch_size=args.batch, replay=args.child, log_every=max(1, args.steps // 3),
-                          checkpoint_every=args.steps, rows=args.rows_in)
+        cfg = TrainConfig(head=args.head, steps=args.steps, batch_size=args.batch, replay=args.child,
+                          log_every=max(1, args.steps // 3), checkpoint_every=args.steps, rows=args.rows_in)
         where = rows_in(args.encoded, cfg.rows)
         card = ModelCard(head_config={}, encoder=read_meta(args.encoded)["encoder"], render={})
         result = train(args.encoded, str(work / "train"), cfg, f"scale-{args.child}", str(work / "model"), card)
@@ -210,7 +244,7 @@ def child(args) -> int:
 def measure(mode: str, encoded: Path, args, where: str = "auto") -> dict:
     out = Path(tempfile.mkstemp(suffix=".json")[1])
     cmd = [sys.executable, __file__, "--child", mode, "--encoded", str(encoded), "--steps", str(args.steps),
-           "--batch", str(args.batch), "--rows-in", where, "--out", str(out)]
+           "--batch", str(args.batch), "--rows-in", where, "--head", args.head, "--out", str(out)]
     load = os.getloadavg()[0]
     proc = subprocess.run(cmd, timeout=args.max_run_s)
     if proc.returncode:
@@ -223,7 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", default="100000,1000000", help="comma-separated corpus sizes (transitions)")
     p.add_argument("--distinct", type=int, default=50_000, help="texts in the distinct-text table")
     p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--batch", type=int, default=256, help="the frozen head's batch (the reader's: train.reader's)")
+    p.add_argument("--head", choices=("frozen", "reader"), default="frozen",
+                   help="the critic head trained (reader: rows with state segments, texts looked up in the table)")
     p.add_argument("--layout-rows", type=int, default=20_000, help="rows written in both layouts for the disk size")
     p.add_argument("--no-memory", action="store_true", help="skip the replay: memory baseline")
     p.add_argument("--no-files", action="store_true",
@@ -251,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
           f"table {disk_bytes(work / 'layout-references' / '_texts') / 1e6:.1f} MB once", flush=True)
     rows = []
     for n in sizes:
-        d = write_dataset(work / f"rows-{n}", n, args.distinct, args.seed)
+        d = write_dataset(work / f"rows-{n}-{args.head}", n, args.distinct, args.seed, head=args.head)
         runs = [("stream", "auto")] + ([("memory", "auto")] if n == sizes[0] and not args.no_memory else []) \
             + ([("stream", "files")] if n == sizes[-1] and len(sizes) > 1 and not args.no_files else [])
         for mode, where in runs:
@@ -263,10 +299,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['steps_per_s']:.1f} steps/s, {r['seconds']:.0f} s; at the peak (MB): " + ", ".join(
                       f"{k} x{r['processes_at_peak'][k]} {v:,.0f}" for k, v in r["at_peak_mb"].items() if v >= 50),
                   flush=True)
-    print("\n| transitions | replay | rows in | peak PSS (MB) | steps/s | train s | load avg before/after |\n"
-          "|---|---|---|---|---|---|---|")
+    print("\n| head | transitions | replay | rows in | peak PSS (MB) | steps/s | train s | load avg before/after |\n"
+          "|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['rows']:,} | {r['replay']} | {r['rows_in']}{'' if r['setting'] == 'auto' else ' (set)'} | "
+        print(f"| {args.head} | {r['rows']:,} | {r['replay']} | {r['rows_in']}{'' if r['setting'] == 'auto' else ' (set)'} | "
               f"{r['peak_pss_mb']:,.0f} | {r['steps_per_s']:.1f} | {r['train_seconds']:.0f} | "
               f"{r['load_before']}/{r['load_after']} |")
     stream = {r["rows"]: r for r in rows if r["replay"] == "stream" and r["setting"] == "auto"}

@@ -154,8 +154,8 @@ def train_listwise_reader(examples: list[dict[str, Any]], embed, encoder: str, p
     cfg = ReaderConfig(sem_dim=embed([examples[0]["candidates"][0]]).shape[1], **paths)
     inputs = _inputs(cfg, encoder, embed)
     net = ReaderNetwork(cfg).to(device)
-    net.set_stats(*role_stats({"s": [e["segments"] for e in examples], "n": [], "action": [],
-                               "cand": [e["candidates"] for e in examples]}, embed, cfg.sem_dim))
+    net.set_stats(*role_stats([{"s": [e["segments"] for e in examples], "n": [], "action": [],
+                                "cand": [e["candidates"] for e in examples]}], embed, cfg.sem_dim))
     opt = torch.optim.Adam(net.parameters(), lr)
     start, window, done = time.time(), collections.deque(maxlen=50), 0
     for done in range(1, steps + 1):

@@ -67,6 +67,30 @@ def torch_one_thread():
     torch.set_num_threads(before)
 
 
+def batches_of(table, size: int) -> list:
+    """pyarrow batches as Ray Data's iter_batches(batch_format="pyarrow") yields them: tables."""
+    return [table.slice(i, size) for i in range(0, table.num_rows, size)]
+
+
+class ShardReader:
+    """A shard reader like Ray Train's DataIterator.iter_batches over a pyarrow table: batches of
+    `batch_size` (the last may be short), in an order shuffled by `local_shuffle_seed` when a buffer
+    is asked for; `epochs` counts the passes a worker asked for."""
+
+    def __init__(self, table):
+        self.table, self.epochs = table, 0
+
+    def __call__(self, batch_size, batch_format, prefetch_batches=1, local_shuffle_buffer_size=None,
+                 local_shuffle_seed=None):
+        import numpy as np
+
+        self.epochs += 1
+        t = self.table
+        if local_shuffle_buffer_size:
+            t = t.take(np.random.default_rng(local_shuffle_seed).permutation(t.num_rows))
+        return iter(batches_of(t, batch_size))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

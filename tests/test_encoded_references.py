@@ -18,6 +18,8 @@ from harnessrl.errors import DataError
 from harnessrl.features import FEATURE_NAMES
 from harnessrl.heads.base import Shard
 
+from conftest import ShardReader, batches_of
+
 DIM = 8
 
 
@@ -42,18 +44,13 @@ def _rows(n: int = 40, seed: int = 0) -> tuple[pa.Table, np.ndarray]:
     return table, vectors
 
 
-def _slices(table: pa.Table, size: int) -> list[pa.Table]:
-    """pyarrow batches as Ray Data's iter_batches(batch_format="pyarrow") yields them: tables."""
-    return [table.slice(i, size) for i in range(0, table.num_rows, size)]
-
-
 def test_references_read_as_the_copies_they_name():
     table, vectors = _rows()
     copies = encoded_data.with_vectors(table, vectors)
     assert not set(encoded_data.REF_COLUMNS.values()) & set(copies.column_names)
     assert str(copies.schema.field("state_emb").type) == f"fixed_size_list<element: float>[{DIM}]"  # as Parquet reads
-    refs = encoded_data.load_arrays(_slices(table, 7), vectors=vectors)
-    copied = encoded_data.load_arrays(_slices(copies, 7))
+    refs = encoded_data.load_arrays(batches_of(table, 7), vectors=vectors)
+    copied = encoded_data.load_arrays(batches_of(copies, 7))
     assert refs.keys() == copied.keys()
     for key in refs:
         np.testing.assert_array_equal(refs[key], copied[key], err_msg=key)
@@ -77,7 +74,7 @@ def test_sampled_rows_follow_their_keys_not_their_order():
 
 def test_one_streaming_pass_gives_the_whole_data_statistics():
     table, vectors = _rows(300)
-    stats = encoded_data.DataStats(_slices(table, 64), table.num_rows, vectors, seed=0,
+    stats = encoded_data.DataStats(batches_of(table, 64), table.num_rows, vectors, seed=0,
                                    sample_states=100)
     whole = encoded_data.load_arrays([table], vectors=vectors)
     assert stats.rows == 300 and stats.dim == DIM
@@ -89,25 +86,9 @@ def test_one_streaming_pass_gives_the_whole_data_statistics():
     assert {tuple(v) for v in stats.states} <= {tuple(v) for v in whole["state_emb"]}
 
 
-class _Reader:
-    """A shard reader like Ray Train's DataIterator.iter_batches: batches of `batch_size` (the last
-    may be short), in an order shuffled by `local_shuffle_seed` when a buffer is asked for."""
-
-    def __init__(self, table: pa.Table):
-        self.table, self.epochs = table, 0
-
-    def __call__(self, batch_size, batch_format, prefetch_batches=1, local_shuffle_buffer_size=None,
-                 local_shuffle_seed=None):
-        self.epochs += 1
-        t = self.table
-        if local_shuffle_buffer_size:
-            t = t.take(np.random.default_rng(local_shuffle_seed).permutation(t.num_rows))
-        return iter(_slices(t, batch_size))
-
-
 def test_a_streamed_shard_gives_full_batches_each_row_once_an_epoch():
     table, vectors = _rows(40)
-    reader = _Reader(table)
+    reader = ShardReader(table)
     stream = Shard(reader, vectors).stream(batch_size=8, seed=0, shuffle_buffer=16)
     epoch = [next(stream) for _ in range(5)]  # 40 rows
     assert all(len(b["reward"]) == 8 for b in epoch) and reader.epochs == 1
@@ -117,15 +98,15 @@ def test_a_streamed_shard_gives_full_batches_each_row_once_an_epoch():
     assert reader.epochs == 2 and sorted(second) == sorted(table.column("reward").to_numpy())
     assert not np.array_equal(second, np.concatenate([b["reward"] for b in epoch]))  # reshuffled
 
-    small = Shard(_Reader(table.slice(0, 3)), vectors).stream(batch_size=8, seed=0, shuffle_buffer=0)
+    small = Shard(ShardReader(table.slice(0, 3)), vectors).stream(batch_size=8, seed=0, shuffle_buffer=0)
     assert len(next(small)["reward"]) == 8  # a shard smaller than a batch fills it over epochs
     with pytest.raises(RuntimeError, match="empty shard"):
-        next(Shard(_Reader(table.slice(0, 0)), vectors).stream(batch_size=8, seed=0, shuffle_buffer=0))
+        next(Shard(ShardReader(table.slice(0, 0)), vectors).stream(batch_size=8, seed=0, shuffle_buffer=0))
 
 
 def test_memory_replay_samples_the_whole_shard():
     table, vectors = _rows(40)
-    batches = Shard(_Reader(table), vectors).sample(batch_size=16, seed=0)
+    batches = Shard(ShardReader(table), vectors).sample(batch_size=16, seed=0)
     drawn = np.concatenate([next(batches)["state_emb"] for _ in range(20)])
     stored = {tuple(v) for v in vectors[table.column("state_ref").to_numpy()]}
     assert {tuple(v) for v in drawn} == stored  # 320 draws with replacement reach all 40 rows' states

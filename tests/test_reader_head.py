@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
@@ -112,6 +113,77 @@ def test_tokens_tell_apart_states_that_differ_in_one_number(inputs, torch_one_th
         opt.step()
     with torch.no_grad():
         assert logits().argmax(1).tolist() == gold
+
+
+def _reader_rows(n: int) -> tuple[list[dict], list[str]]:
+    """n reader-layout transition rows over a few observations and actions, and every text they name."""
+    rng = np.random.default_rng(0)
+    obs = [f"You are in room {i}." for i in range(6)]
+    acts = ["go north", "go south", "open door", "take key"]
+    rows = []
+    for i in range(n):
+        o, o2 = rng.choice(obs), rng.choice(obs)
+        seg = lambda text: [{"role": "task", "age": 0, "text": "Find the key."},  # noqa: E731
+                            {"role": "observation", "age": 0, "text": text}]
+        rows.append({"episode_id": f"e{i // 5}", "step_idx": i % 5, "state_segments": seg(o),
+                     "next_state_segments": seg(o2), "action_text": acts[i % 4], "candidates": acts,
+                     "features": [], "candidate_features": [], "reward": float(rng.normal()),
+                     "done": i % 5 == 4, "outcome_success": i % 2 == 0, "tool": None})
+    return rows, ["Find the key.", *obs, *acts]
+
+
+def test_role_statistics_streamed_in_parts_equal_those_of_the_whole():
+    from harnessrl.algorithms.reader import ROLE_ID
+    from harnessrl.heads.reader import load_rows, role_stats
+
+    rows, texts = _reader_rows(40)
+    vec = {t: np.random.default_rng(i).normal(size=8) for i, t in enumerate(texts)}
+
+    def embed(ts):
+        return np.stack([vec[t] for t in ts]).astype(np.float32)
+
+    table = pa.Table.from_pylist(rows)
+    whole = role_stats([load_rows([table])], embed, 8)
+    parts = role_stats((load_rows([table.slice(i, 7)]) for i in range(0, 40, 7)), embed, 8)
+    np.testing.assert_allclose(parts[0], whole[0], atol=1e-6)
+    np.testing.assert_allclose(parts[1], whole[1], atol=1e-6)
+    observations = embed(sorted({r["state_segments"][1]["text"] for r in rows}
+                                | {r["next_state_segments"][1]["text"] for r in rows}))
+    np.testing.assert_allclose(whole[0][ROLE_ID["observation"]], observations.mean(0), atol=1e-5)
+    np.testing.assert_allclose(whole[1][ROLE_ID["observation"]], observations.std(0), atol=1e-5)
+
+
+@pytest.mark.parametrize("replay", ["stream", "memory"])
+def test_a_reader_worker_streams_its_shard_or_holds_it(replay, tmp_path, torch_one_thread):
+    """train.replay: stream reads the shard epoch after epoch (a buffer of rows, never all of them);
+    memory reads it once and samples from it. Both train."""
+    import pyarrow.parquet as pq
+
+    from harnessrl.encoders import text_hash
+    from harnessrl.heads.base import Shard
+    from harnessrl.heads.reader import ReaderHead
+
+    from conftest import ShardReader
+
+    rows, texts = _reader_rows(40)
+    rng = np.random.default_rng(1)
+    (tmp_path / "_texts").mkdir()
+    pq.write_table(pa.table({"text_hash": [text_hash(t) for t in texts],
+                             "emb": pa.array(rng.normal(size=(len(texts), 8)).astype(np.float32).tolist(),
+                                             pa.list_(pa.float32(), 8))}), tmp_path / "_texts" / "part.parquet")
+    config = {"network": ReaderConfig(sem_dim=8, dim=16, hidden_dim=16, value_target="candidates").to_dict(),
+              "encoder_name": BUILTIN_MINILM, "texts_dir": str(tmp_path / "_texts"), "role_stats": None,
+              "batch_size": 8, "history_dropout": 0.25, "penalty_on": "unseen", "tool_head": None,
+              "tool_vocab": [], "candidates_per_step": 2, "reward_scale": 1.0, "seed": 0, "replay": replay,
+              "shuffle_buffer": 16}
+    reader = ShardReader(pa.Table.from_pylist(rows))
+    setup = ReaderHead().worker(config, Shard(reader), None, 1, "cpu")
+    before = [p.detach().clone() for p in setup.learners.critic.core.parameters()]
+    gen = torch.Generator().manual_seed(0)
+    metrics = [setup.step(gen) for _ in range(12)]  # 96 rows: 2.4 passes over the shard's 40
+    assert all(np.isfinite(m["loss_q"]) and np.isfinite(m["loss_v"]) for m in metrics)
+    assert any(not torch.equal(a, b) for a, b in zip(before, setup.learners.critic.core.parameters()))
+    assert reader.epochs == (3 if replay == "stream" else 1)
 
 
 @pytest.mark.integration

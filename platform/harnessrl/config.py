@@ -215,9 +215,9 @@ class TrainConfig(_Strict):
                                                  "unseen candidates, train.reader.penalty_on)")
     candidates_per_step: int = Field(4, ge=1, description="untaken candidates per state in each penalty batch")
     replay: Literal["stream", "memory"] = Field(
-        "stream", description="how a frozen-head worker draws minibatches: stream (its shard read epoch after "
-                              "epoch through a local shuffle buffer, vectors gathered per batch: memory stays flat "
-                              "whatever the corpus) or memory (the shard's vectors gathered into memory once, "
+        "stream", description="how a frozen- or reader-head worker draws minibatches: stream (its shard read epoch "
+                              "after epoch through a local shuffle buffer, vectors looked up per batch: memory "
+                              "stays flat whatever the corpus) or memory (the shard held in memory once, "
                               "minibatches sampled uniformly: the path before issue 26, for shards that fit)")
     rows: Literal["auto", "store", "files"] = Field(
         "auto", description="where the encoded rows are read from each epoch: store (held in Ray's object store, "

@@ -73,9 +73,9 @@ class DriverData:
 class Shard:
     """A training worker's part of a dataset: `iter_batches` is its reader's (Ray Train's
     DataIterator.iter_batches), `vectors` the table its references point into. Iterated, it yields
-    its pyarrow batches once (heads that hold their rows); `stream` yields training arrays of
-    exactly `batch_size` rows for ever, epoch after epoch through a local shuffle buffer, so a
-    worker holds a buffer of rows, never its whole shard."""
+    its pyarrow batches once (heads that hold their rows); `tables` yields batches of exactly
+    `batch_size` rows for ever, epoch after epoch through a local shuffle buffer (`stream`: the same
+    as training arrays), so a worker holds a buffer of rows, never its whole shard."""
 
     def __init__(self, iter_batches: Callable, vectors: np.ndarray | None = None):
         self.iter_batches, self.vectors = iter_batches, vectors
@@ -95,9 +95,16 @@ class Shard:
             yield {k: v[idx] for k, v in rows.items()}
 
     def stream(self, batch_size: int, seed: int, shuffle_buffer: int, candidates: bool = True):
-        import pyarrow as pa
-
+        """Training arrays (vectors gathered) of each `tables` batch."""
         from harnessrl.encoded_data import load_arrays
+
+        for table in self.tables(batch_size, seed, shuffle_buffer):
+            yield load_arrays([table], candidates, self.vectors)
+
+    def tables(self, batch_size: int, seed: int, shuffle_buffer: int):
+        """pyarrow batches of exactly `batch_size` rows for ever, epoch after epoch through a local
+        shuffle buffer of `shuffle_buffer` rows (0: in stored order)."""
+        import pyarrow as pa
 
         pending, epoch = None, 0
         while True:
@@ -108,7 +115,7 @@ class Shard:
                 rows += b.num_rows
                 pending = b if pending is None else pa.concat_tables([pending, b])
                 while pending.num_rows >= batch_size:  # a shard smaller than a batch fills it over epochs
-                    yield load_arrays([pending.slice(0, batch_size)], candidates, self.vectors)
+                    yield pending.slice(0, batch_size)
                     pending = pending.slice(batch_size)
             if rows == 0:
                 raise RuntimeError("a training worker got an empty shard")

@@ -5,10 +5,11 @@ trainable convolution), the candidates attending over the segments, with exact-m
 Where the data calls two or more tools, the tool head (harnessrl.algorithms.discrete) trains beside
 it on the embedding of the state's observation, weighted by the reader's advantage.
 
-A worker holds its shard's rows (segments, candidates, features) and the sentence embeddings of the
-texts they name, looked up by content hash in the encode stage's distinct-text table (`_texts`):
-references, not copies. The tokenizer and the frozen word-embedding table come from the encoder's
-own files, at training and at serving alike; only the trained weights are saved.
+A worker streams its shard's rows (segments, candidates, features) through a local shuffle buffer
+(`train.replay: stream`; `memory` holds them) and reads the sentence embeddings of the texts they
+name by content hash in the encode stage's distinct-text table (`_texts`): references, not copies.
+The tokenizer and the frozen word-embedding table come from the encoder's own files, at training
+and at serving alike; only the trained weights are saved.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from harnessrl.encoded_data import sampled
 from harnessrl.errors import DataError
 from harnessrl.heads.base import (DriverData, Exported, Head, Learners, Scorer, Validation, WorkerSetup, defined_tools_of,
                                   exported_tool_head, shard_size, successful_mask, tool_head_config)
@@ -53,6 +55,11 @@ def word_embeddings(encoder_name: str) -> np.ndarray:
                     return fh.get_tensor(key).astype(np.float32)
     raise DataError(f"encoder {encoder_name!r}: no word-embedding table (*word_embeddings.weight) in the "
                     f"safetensors files of {folder}: the reader head needs one")
+
+
+def take(rows: dict[str, Any], idx: Sequence[int]) -> dict[str, Any]:
+    """The rows `idx` of a `load_rows` output."""
+    return {k: v[idx] if isinstance(v, np.ndarray) else [v[i] for i in idx] for k, v in rows.items()}
 
 
 def _segs(value) -> list[Seg]:
@@ -123,26 +130,49 @@ def table_embed(texts_dir: str):
     return embed
 
 
-def role_stats(rows: dict[str, Any], embed, sem_dim: int) -> tuple[np.ndarray, np.ndarray]:
+def role_stats(parts: Iterable[dict[str, Any]], embed, sem_dim: int) -> tuple[np.ndarray, np.ndarray]:
     """Per role, the mean and scale of the distinct texts' sentence embeddings (the candidate role:
-    actions and candidates): what differs among observations, not between an observation and a task."""
+    actions and candidates): what differs among observations, not between an observation and a task.
+    `parts`: `load_rows` outputs, read one at a time (each distinct text is embedded once; what is
+    held is the set of texts seen, not the rows)."""
     from harnessrl.algorithms.reader import ROLE_ID, ROLES
 
-    by_role: dict[str, set[str]] = {}
-    for segs in (*rows["s"], *rows["n"]):
-        for r, _, t in segs:
-            if r in EMBEDDED_ROLES:
-                by_role.setdefault(r, set()).add(t)
-    by_role["candidate"] = set(rows["action"]) | {c for cands in rows["cand"] for c in cands}
-    every = sorted(set().union(*by_role.values()))
-    allv = embed(every) if every else np.zeros((1, sem_dim), np.float32)
-    g_mean, g_std = allv.mean(0), np.maximum(allv.std(0), 1e-6)
+    seen: dict[str, set[str]] = {}
+    sums: dict[str, np.ndarray] = {}  # role ("" for every role) -> [count, sum..., sum of squares...]
+
+    def add(role: str, texts: set[str]) -> None:
+        known = seen.setdefault(role, set())
+        new = sorted(texts - known)
+        known.update(new)
+        if new:
+            v = embed(new).astype(np.float64)
+            acc = sums.setdefault(role, np.zeros(1 + 2 * sem_dim))
+            acc += np.concatenate([[len(new)], v.sum(0), (v * v).sum(0)])
+
+    for rows in parts:
+        by_role: dict[str, set[str]] = {}
+        for segs in (*rows["s"], *rows["n"]):
+            for r, _, t in segs:
+                if r in EMBEDDED_ROLES:
+                    by_role.setdefault(r, set()).add(t)
+        by_role["candidate"] = set(rows["action"]) | {c for cands in rows["cand"] for c in cands}
+        for role, texts in by_role.items():
+            add(role, texts)
+        add("", set().union(*by_role.values()))
+
+    def moments(role: str) -> tuple[np.ndarray, np.ndarray]:
+        acc = sums[role]
+        mean = acc[1:1 + sem_dim] / acc[0]
+        return mean, np.sqrt(np.maximum(acc[1 + sem_dim:] / acc[0] - mean * mean, 0.0))
+
+    g_mean, g_std = moments("") if "" in sums else (np.zeros(sem_dim), np.zeros(sem_dim))
+    g_std = np.maximum(g_std, 1e-6)
     mean, std = np.tile(g_mean, (len(ROLES), 1)), np.tile(g_std, (len(ROLES), 1))
-    for role, texts in by_role.items():
-        if len(texts) >= 2:
-            v = embed(sorted(texts))
-            mean[ROLE_ID[role]], std[ROLE_ID[role]] = v.mean(0), np.maximum(v.std(0), STD_FLOOR * g_std)
-    return mean, std
+    for role in sums:
+        if role and len(seen[role]) >= 2:
+            m, sd = moments(role)
+            mean[ROLE_ID[role]], std[ROLE_ID[role]] = m, np.maximum(sd, STD_FLOOR * g_std)
+    return mean.astype(np.float32), std.astype(np.float32)
 
 
 def _inputs(cfg, encoder_name: str, embed) -> Inputs:
@@ -281,9 +311,9 @@ class ReaderHead(Head):
         texts_dir = storage.join(data.encoded_dir, "_texts")
         stats = None
         if r.semantic:
-            rows = load_rows(data.ds.select_columns(list(ROW_COLUMNS)).iter_batches(batch_size=8192,
-                                                                                   batch_format="pyarrow"))
-            mean, std = role_stats(rows, table_embed(texts_dir), dim)
+            parts = (load_rows([b]) for b in data.ds.select_columns(list(ROW_COLUMNS)).iter_batches(
+                batch_size=8192, batch_format="pyarrow"))  # streamed: the driver never holds the corpus
+            mean, std = role_stats(parts, table_embed(texts_dir), dim)
             stats = {"mean": mean.tolist(), "std": std.tolist()}
         # the tool head reads the embedding of the state's observation (Critic.state_text)
         tool_head, vocab = tool_head_config(cfg, data.stats.tools, dim, defined_tools_of(data.ds))
@@ -306,8 +336,6 @@ class ReaderHead(Head):
         from harnessrl.algorithms.reader import ReaderLearner
 
         wrap = wrap or (lambda net: net.to(device))
-        rows = load_rows(shard)
-        n = shard_size(rows)
         cfg, net = self._network(config)
         learners = Learners.with_tool_head(ReaderLearner(cfg, wrap(net)), config, wrap)
         lookup = table_embed(config["texts_dir"]) if cfg.semantic or learners.tools is not None else None
@@ -316,15 +344,29 @@ class ReaderHead(Head):
         use_f = cfg.feature_dim > 0
         k_extra = config["candidates_per_step"] if cfg.alpha > 0 or cfg.value_target == "candidates" else 0
         per_worker = max(1, config["batch_size"] // world)
-        reward = rows["reward"] * config["reward_scale"]
-        dim_f = rows["features"].shape[1] if use_f else 0
         drop_share = config.get("history_dropout", 0.0)
+        # minibatches: the shard streamed through a shuffle buffer (train.replay: stream), or held and sampled
+        if config.get("replay") == "memory":
+            held = load_rows(shard)
+            n = shard_size(held)
+
+            def draw(gen: torch.Generator) -> dict[str, Any]:
+                return take(held, torch.randint(n, (per_worker,), generator=gen).tolist())
+        else:
+            tables = shard.tables(per_worker, config["seed"], config.get("shuffle_buffer", 0))
+
+            def draw(gen: torch.Generator) -> dict[str, Any]:
+                return load_rows([next(tables)])
         # the penalty's candidates: never taken anywhere in this worker's data ("unseen"), or all untaken ones
-        seen = set(rows["action"]) if config.get("penalty_on", "untaken") == "unseen" else set()
+        seen: set[str] = set()
+        if cfg.alpha > 0 and config.get("penalty_on", "untaken") == "unseen":
+            seen = {a for b in shard for a in b.column("action_text").to_pylist()}
 
         def step(gen: torch.Generator) -> dict[str, float]:
-            idx = torch.randint(n, (per_worker,), generator=gen).tolist()
+            rows = draw(gen)
+            idx = range(len(rows["reward"]))
             drop = (torch.rand(len(idx), generator=gen) < drop_share).tolist()
+            dim_f = rows["features"].shape[1] if use_f else 0
             cands, feats = [], []
             for i in idx:
                 picks = torch.randperm(len(rows["cand"][i]), generator=gen)[:k_extra].tolist() if k_extra else []
@@ -341,7 +383,8 @@ class ReaderHead(Head):
             if use_f:  # a state without its history has all-zero history features
                 f = torch.from_numpy(_features(feats, b["k_mask"].shape[1], dim_f) * ~np.array(drop)[:, None, None])
                 f = f.to(device)
-            r, done = torch.from_numpy(reward[idx]).to(device), torch.from_numpy(rows["done"][idx]).to(device)
+            r = torch.from_numpy(rows["reward"] * config["reward_scale"]).to(device)
+            done = torch.from_numpy(rows["done"]).to(device)
             metrics = learners.critic.update(b, r, done, f)
             if learners.tools is not None:
                 s, s2 = (torch.from_numpy(lookup([state_text(rows[key][i]) for i in idx])).to(device)
@@ -352,8 +395,10 @@ class ReaderHead(Head):
 
         validation = None
         if val is not None:
-            validation = ReaderValidation(load_rows(val), inputs, config["reward_scale"], cfg.gamma, use_f,
-                                          config["seed"])
+            # a keyed sample of the held-out rows, the same on every rank
+            share = VALIDATION_ROWS / max(config.get("val_rows") or 1, 1)
+            validation = ReaderValidation(load_rows(sampled(b, share, config["seed"]) for b in val), inputs,
+                                          config["reward_scale"], cfg.gamma, use_f, config["seed"])
         return WorkerSetup(learners, step, validation)
 
     def export(self, checkpoint_dir, config, prefix, data: DriverData) -> Exported:
