@@ -35,6 +35,7 @@ STATE_ROLES = ("observation", "text")  # the segment that stands for the state (
 VALIDATION_ROWS = 1024  # held-out rows scored per validation
 THRESHOLD_ROWS = 4096  # rows of successful episodes scored for the fallback threshold
 CHUNK = 64  # states per forward pass when scoring
+READ_ROWS = 1024  # rows a streaming worker reads and converts at once (then steps through in minibatches)
 STD_FLOOR = 1e-2  # a role's per-dimension scale is at least this share of the scale over every segment
 
 
@@ -352,11 +353,18 @@ class ReaderHead(Head):
 
             def draw(gen: torch.Generator) -> dict[str, Any]:
                 return take(held, torch.randint(n, (per_worker,), generator=gen).tolist())
-        else:
-            tables = shard.tables(per_worker, config["seed"], config.get("shuffle_buffer", 0))
+        else:  # read and converted READ_ROWS at a time (a Ray Data batch per step costs more than the step)
+            def minibatches():
+                read = per_worker * max(1, READ_ROWS // per_worker)
+                for table in shard.tables(read, config["seed"], config.get("shuffle_buffer", 0)):
+                    rows = load_rows([table])
+                    for i in range(0, read, per_worker):
+                        yield take(rows, range(i, i + per_worker))
+
+            stream = minibatches()
 
             def draw(gen: torch.Generator) -> dict[str, Any]:
-                return load_rows([next(tables)])
+                return next(stream)
         # the penalty's candidates: never taken anywhere in this worker's data ("unseen"), or all untaken ones
         seen: set[str] = set()
         if cfg.alpha > 0 and config.get("penalty_on", "untaken") == "unseen":
