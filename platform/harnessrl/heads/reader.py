@@ -353,7 +353,7 @@ class ReaderHead(Head):
 
             def draw(gen: torch.Generator) -> dict[str, Any]:
                 return take(held, torch.randint(n, (per_worker,), generator=gen).tolist())
-        else:  # read and converted READ_ROWS at a time (a Ray Data batch per step costs more than the step)
+        else:  # read and converted READ_ROWS at a time, then stepped through (the same minibatches as per step)
             def minibatches():
                 read = per_worker * max(1, READ_ROWS // per_worker)
                 for table in shard.tables(read, config["seed"], config.get("shuffle_buffer", 0)):
