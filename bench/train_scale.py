@@ -124,8 +124,8 @@ def write_dataset(out: Path, rows: int, distinct: int, seed: int, layout: str = 
     from harnessrl import encoded_data
     from harnessrl.encoders import encoder_identity, text_hash
 
-    if encoded_data.exists(str(out)) and encoded_data.read_meta(str(out)).get("rows") == rows \
-            and encoded_data.read_meta(str(out)).get("head", "frozen") == head:
+    meta = encoded_data.read_meta(str(out)) if encoded_data.exists(str(out)) else {}
+    if meta.get("rows") == rows and meta.get("head", "frozen") == head:
         return out
     identity = encoder_identity()
     rng = np.random.default_rng(seed)

@@ -183,7 +183,7 @@ def test_a_reader_worker_streams_its_shard_or_holds_it(replay, tmp_path, torch_o
     metrics = [setup.step(gen) for _ in range(12)]  # 96 rows: 2.4 passes over the shard's 40
     assert all(np.isfinite(m["loss_q"]) and np.isfinite(m["loss_v"]) for m in metrics)
     assert any(not torch.equal(a, b) for a, b in zip(before, setup.learners.critic.core.parameters()))
-    # the stream reads READ_ROWS rows at a time, pass after pass over the 40 (at least 3 for 96 rows drawn)
+    # the stream reads the 40 rows pass after pass (at least 3 for 96 rows drawn)
     assert reader.epochs >= 3 if replay == "stream" else reader.epochs == 1
 
 

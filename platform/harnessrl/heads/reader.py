@@ -35,7 +35,6 @@ STATE_ROLES = ("observation", "text")  # the segment that stands for the state (
 VALIDATION_ROWS = 1024  # held-out rows scored per validation
 THRESHOLD_ROWS = 4096  # rows of successful episodes scored for the fallback threshold
 CHUNK = 64  # states per forward pass when scoring
-READ_ROWS = 1024  # rows a streaming worker reads and converts at once (then steps through in minibatches)
 STD_FLOOR = 1e-2  # a role's per-dimension scale is at least this share of the scale over every segment
 
 
@@ -204,9 +203,8 @@ def _features(per_state: Sequence[Sequence[Sequence[float]]], k: int, dim: int) 
 
 
 class ReaderValidation(Validation):
-    def __init__(self, rows: dict[str, Any], inputs: Inputs, reward_scale: float, gamma: float, use_f: bool, seed: int):
-        n = len(rows["reward"])
-        self.pick = np.sort(np.random.default_rng(seed).permutation(n)[:VALIDATION_ROWS])
+    def __init__(self, rows: dict[str, Any], inputs: Inputs, reward_scale: float, gamma: float, use_f: bool):
+        self.pick = np.arange(min(len(rows["reward"]), VALIDATION_ROWS))  # rows: already a keyed sample
         self.rows, self.inputs, self.scale, self.gamma, self.use_f = rows, inputs, reward_scale, gamma, use_f
         super().__init__()
 
@@ -353,18 +351,11 @@ class ReaderHead(Head):
 
             def draw(gen: torch.Generator) -> dict[str, Any]:
                 return take(held, torch.randint(n, (per_worker,), generator=gen).tolist())
-        else:  # read and converted READ_ROWS at a time, then stepped through (the same minibatches as per step)
-            def minibatches():
-                read = per_worker * max(1, READ_ROWS // per_worker)
-                for table in shard.tables(read, config["seed"], config.get("shuffle_buffer", 0)):
-                    rows = load_rows([table])
-                    for i in range(0, read, per_worker):
-                        yield take(rows, range(i, i + per_worker))
-
-            stream = minibatches()
+        else:
+            tables = shard.tables(per_worker, config["seed"], config.get("shuffle_buffer", 0))
 
             def draw(gen: torch.Generator) -> dict[str, Any]:
-                return next(stream)
+                return load_rows([next(tables)])
         # the penalty's candidates: never taken anywhere in this worker's data ("unseen"), or all untaken ones
         seen: set[str] = set()
         if cfg.alpha > 0 and config.get("penalty_on", "untaken") == "unseen":
@@ -406,7 +397,7 @@ class ReaderHead(Head):
             # a keyed sample of the held-out rows, the same on every rank
             share = VALIDATION_ROWS / max(config.get("val_rows") or 1, 1)
             validation = ReaderValidation(load_rows(sampled(b, share, config["seed"]) for b in val), inputs,
-                                          config["reward_scale"], cfg.gamma, use_f, config["seed"])
+                                          config["reward_scale"], cfg.gamma, use_f)
         return WorkerSetup(learners, step, validation)
 
     def export(self, checkpoint_dir, config, prefix, data: DriverData) -> Exported:
