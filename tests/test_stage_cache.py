@@ -3,13 +3,21 @@ on any change or with --force."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from harnessrl.config import parse_pipeline
 from harnessrl.jobs.pipeline import run_pipeline
+from harnessrl.encoded_data import read_meta, text_index
 from harnessrl.jobs.stage_cache import run_stage, stage_key
 
 pytestmark = pytest.mark.integration
+
+
+def _texts(out) -> tuple[np.ndarray, np.ndarray]:
+    """The run's distinct-text table: sorted keys and their vectors."""
+    meta = read_meta(str(out / "encoded"))
+    return text_index(str(out / "encoded" / "_texts"), meta.get("dtype", "float32"), int(meta["encoder"]["dim"]))
 
 
 def _mtimes(folder):
@@ -42,14 +50,20 @@ def test_rerun_skips_unchanged_stages_and_reruns_changed_ones(ray_local, sample_
     assert third["skipped"] == ["ingest"]
     assert third["digests"]["steps"] == first["digests"]["steps"]
     assert third["digests"]["transitions"] != first["digests"]["transitions"]
+    texts_before = _texts(out)
 
     forced = run_pipeline(parse_pipeline(raw), force=True)
     assert forced["skipped"] == []
     # same input and config: the same content, up to the embeddings' last bits (which texts share
-    # an encoder batch varies between runs, and so does float rounding)
-    assert {k: v for k, v in forced["digests"].items() if k != "encoded"} == \
-        {k: v for k, v in third["digests"].items() if k != "encoded"}
+    # an encoder batch varies between runs, and so does float rounding): the datasets holding
+    # embeddings are compared by their texts exactly and their vectors numerically
+    floats = ("encoded", "vectors")
+    assert {k: v for k, v in forced["digests"].items() if k not in floats} == \
+        {k: v for k, v in third["digests"].items() if k not in floats}
     assert forced["encode"]["rows"] == third["encode"]["rows"]
+    texts_after = _texts(out)
+    assert np.array_equal(texts_after[0], texts_before[0]) and len(texts_after[0]) > 0
+    np.testing.assert_allclose(texts_after[1], texts_before[1], atol=1e-4)
 
 
 def test_an_interrupted_stage_leaves_no_marker(tmp_path):
