@@ -154,7 +154,8 @@ def disk_bytes(folder: Path) -> int:
 
 # ---- one measured run (a child process) ----------------------------------------------------------
 def _pss_tree(root: int) -> dict[str, list[int]]:
-    """{process name: [PSS bytes, processes]} of `root` and every process below it (Linux /proc)."""
+    """{process name: [PSS bytes, processes, of which anonymous (heap), of which shared memory (the
+    object store's pages)]} of `root` and every process below it (Linux /proc)."""
     children: dict[int, list[int]] = {}
     for d in os.listdir("/proc"):
         if d.isdigit():
@@ -171,14 +172,19 @@ def _pss_tree(root: int) -> dict[str, list[int]]:
         todo += children.get(pid, [])
         try:
             with open(f"/proc/{pid}/smaps_rollup") as fh:
-                pss = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("Pss:"))
+                kinds = {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in fh if ":" in line)
+                         if k in ("Pss", "Pss_Anon", "Pss_Shmem")}
             with open(f"/proc/{pid}/cmdline", "rb") as fh:
                 name = _process_name(fh.read().split(b"\0"), pid == root)
-        except (OSError, StopIteration):
+        except OSError:
             continue
-        entry = by_name.setdefault(name, [0, 0])
-        entry[0] += pss
+        if "Pss" not in kinds:
+            continue
+        entry = by_name.setdefault(name, [0, 0, 0, 0])
+        entry[0] += kinds["Pss"]
         entry[1] += 1
+        entry[2] += kinds.get("Pss_Anon", 0)
+        entry[3] += kinds.get("Pss_Shmem", 0)
     return by_name
 
 
@@ -200,7 +206,7 @@ class PeakPss:
     def _run(self):
         while not self._stop.is_set():
             by_name = _pss_tree(os.getpid())
-            total = sum(pss for pss, _ in by_name.values())
+            total = sum(entry[0] for entry in by_name.values())
             if total > self.peak:
                 self.peak, self.at_peak = total, by_name
             self._stop.wait(self.every)
@@ -233,8 +239,10 @@ def child(args) -> int:
         seconds = time.time() - t0
     Path(args.out).write_text(json.dumps({
         "peak_pss_mb": round(pss.peak / 2**20, 1), "rows_in": where,
-        "at_peak_mb": {k: round(v / 2**20, 1) for k, (v, _) in sorted(pss.at_peak.items(), key=lambda kv: -kv[1][0])},
-        "processes_at_peak": {k: n for k, (_, n) in pss.at_peak.items()},
+        "at_peak_mb": {k: round(v[0] / 2**20, 1) for k, v in sorted(pss.at_peak.items(), key=lambda kv: -kv[1][0])},
+        "processes_at_peak": {k: v[1] for k, v in pss.at_peak.items()},
+        "anon_at_peak_mb": {k: round(v[2] / 2**20, 1) for k, v in pss.at_peak.items()},
+        "shmem_at_peak_mb": {k: round(v[3] / 2**20, 1) for k, v in pss.at_peak.items()},
         "steps_per_s": result.metrics.get("steps_per_s"),
         "train_seconds": round(result.seconds, 1), "seconds": round(seconds, 1),
         "load_seconds": result.metrics.get("load_seconds"), "loss_q": result.metrics.get("loss_q")}))
@@ -271,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--child", choices=("stream", "memory"), help=argparse.SUPPRESS)
     p.add_argument("--encoded", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
-    p.add_argument("--rows-in", default="auto", help=argparse.SUPPRESS)
+    p.add_argument("--rows-in", default="auto", choices=("auto", "store", "files"),
+                   help="train.rows of the streaming runs (auto: the job's own choice per size)")
     args = p.parse_args(argv)
     if args.child:
         return child(args)
@@ -288,16 +297,19 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for n in sizes:
         d = write_dataset(work / f"rows-{n}-{args.head}", n, args.distinct, args.seed, head=args.head)
-        runs = [("stream", "auto")] + ([("memory", "auto")] if n == sizes[0] and not args.no_memory else []) \
-            + ([("stream", "files")] if n == sizes[-1] and len(sizes) > 1 and not args.no_files else [])
+        runs = [("stream", args.rows_in)] + ([("memory", "auto")] if n == sizes[0] and not args.no_memory else []) \
+            + ([("stream", "files")] if n == sizes[-1] and len(sizes) > 1 and not args.no_files
+               and args.rows_in != "files" else [])
         for mode, where in runs:
             print(f"[scale] {n:,} transitions, replay {mode}, rows {where} (uptime load {os.getloadavg()[0]:.2f}) ...",
                   flush=True)
             r = {"rows": n, "replay": mode, "setting": where, **measure(mode, d, args, where)}
             rows.append(r)
             print(f"[scale] {n:,} {mode} (rows in {r['rows_in']}): peak PSS {r['peak_pss_mb']:,.0f} MB, "
-                  f"{r['steps_per_s']:.1f} steps/s, {r['seconds']:.0f} s; at the peak (MB): " + ", ".join(
-                      f"{k} x{r['processes_at_peak'][k]} {v:,.0f}" for k, v in r["at_peak_mb"].items() if v >= 50),
+                  f"{r['steps_per_s']:.1f} steps/s, {r['seconds']:.0f} s; at the peak (MB, of which heap/object "
+                  f"store): " + ", ".join(
+                      f"{k} x{r['processes_at_peak'][k]} {v:,.0f} ({r['anon_at_peak_mb'][k]:,.0f}/"
+                      f"{r['shmem_at_peak_mb'][k]:,.0f})" for k, v in r["at_peak_mb"].items() if v >= 50),
                   flush=True)
     print("\n| head | transitions | replay | rows in | peak PSS (MB) | steps/s | train s | load avg before/after |\n"
           "|---|---|---|---|---|---|---|---|")
@@ -305,13 +317,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {args.head} | {r['rows']:,} | {r['replay']} | {r['rows_in']}{'' if r['setting'] == 'auto' else ' (set)'} | "
               f"{r['peak_pss_mb']:,.0f} | {r['steps_per_s']:.1f} | {r['train_seconds']:.0f} | "
               f"{r['load_before']}/{r['load_after']} |")
-    stream = {r["rows"]: r for r in rows if r["replay"] == "stream" and r["setting"] == "auto"}
+    stream = {r["rows"]: r for r in rows if r["replay"] == "stream" and r["setting"] == args.rows_in}
     ratios = {}
     if len(sizes) > 1:
         ratios["pss_largest_over_smallest"] = stream[sizes[-1]]["peak_pss_mb"] / stream[sizes[0]]["peak_pss_mb"]
-        print(f"peak PSS at {sizes[-1]:,} / at {sizes[0]:,} (stream, train.rows auto): "
+        print(f"peak PSS at {sizes[-1]:,} / at {sizes[0]:,} (stream, train.rows {args.rows_in}): "
               f"{ratios['pss_largest_over_smallest']:.2f}x (target <= 1.25)")
-        files = [r for r in rows if r["setting"] == "files"]
+        files = [r for r in rows if r["setting"] == "files" and args.rows_in != "files"]
         if files:
             ratios["pss_largest_files_over_smallest"] = files[0]["peak_pss_mb"] / stream[sizes[0]]["peak_pss_mb"]
             print(f"peak PSS at {sizes[-1]:,} with the rows streamed from their files (train.rows: files) / at "

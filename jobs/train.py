@@ -157,6 +157,7 @@ def split_validation(ds, fraction: float, seed: int) -> dict[str, Any]:
 
 
 STORE_SHARE = 0.25  # rows: auto holds the encoded rows in the object store when they take at most this share of it
+STORE_ROWS_BYTES = 1 << 30  # ... and at most this much: beyond it memory would follow the corpus, so they stream
 PARQUET_EXPANSION = 4  # in-memory bytes per byte of (zstd) Parquet, at most, for reference-layout rows
 
 
@@ -172,8 +173,8 @@ def rows_in(encoded_dir: str, setting: str = "auto") -> str:
     fs, path = storage.filesystem(storage.join(encoded_dir, "data"))
     size = sum(i.size or 0 for i in fs.get_file_info(pafs.FileSelector(path, recursive=True))
                if i.type == pafs.FileType.File)
-    return "store" if size * PARQUET_EXPANSION <= ray.cluster_resources().get("object_store_memory", 0) * STORE_SHARE \
-        else "files"
+    held = min(ray.cluster_resources().get("object_store_memory", 0) * STORE_SHARE, STORE_ROWS_BYTES)
+    return "store" if size * PARQUET_EXPANSION <= held else "files"
 
 
 def read_rows(encoded_dir: str, where: str):

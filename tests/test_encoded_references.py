@@ -118,7 +118,7 @@ def _size(folder) -> int:
 
 
 @pytest.mark.integration
-def test_references_train_export_and_serve_as_copies_do(encoded, work):
+def test_references_train_export_and_serve_as_copies_do(encoded, work, monkeypatch):
     """The same transitions encoded in both layouts: the same vectors row for row, less than half
     the disk with references, and a critic trained on each (same seed) scores alike; so does one
     trained on the references streamed from their files rather than held in the object store."""
@@ -151,6 +151,9 @@ def test_references_train_export_and_serve_as_copies_do(encoded, work):
     results = {name: train(str(d), str(work["dir"] / f"layout-{name}"), c, f"layout-{name}",
                            str(work["dir"] / f"layout-model-{name}"), card) for name, d, c in runs}
     assert rows_in(str(refs_dir)) == "store"  # auto: 0.3 MB of rows, well under a quarter of the store
+    # and under the cap on rows held whatever the store's size: above it (lowered here to their size on disk), files
+    monkeypatch.setattr("harnessrl.jobs.train.STORE_ROWS_BYTES", _size(refs_dir / "data"))
+    assert rows_in(str(refs_dir)) == "files" and rows_in(str(refs_dir), "store") == "store"
     for other in ("copies", "files"):
         assert results["references"].fallback_threshold == pytest.approx(results[other].fallback_threshold, abs=1e-5)
     cards = {n: json.loads((work["dir"] / f"layout-model-{n}" / "critic.json").read_text()) for n in results}

@@ -20,13 +20,14 @@ from pathlib import Path
 import yaml
 
 from harnessrl.errors import ConfigError, HarnessError
+from harnessrl.ray_runtime import ARROW_POOL
 from harnessrl.settings import redact
 
 EXIT_LINEAGE_MISMATCH = 6
 EXIT_JOB_FAILED = 7
 # Forwarded to a submitted job when set here: where to track and store, never credentials.
 FORWARDED_ENV = ("MLFLOW_TRACKING_URI", "HARNESSRL_HOME", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
-                 "AWS_DEFAULT_REGION", "AWS_REGION", "HF_HUB_OFFLINE")
+                 "AWS_DEFAULT_REGION", "AWS_REGION", "HF_HUB_OFFLINE", "ARROW_DEFAULT_MEMORY_POOL")
 
 
 # ---- lineage --------------------------------------------------------------------------------------
@@ -97,6 +98,7 @@ def runtime_env(pipeline: dict, workdir: Path, forward: list[str], pip: list[str
     (workdir / "job").mkdir()
     (workdir / "job" / "pipeline.yaml").write_text(yaml.safe_dump(pipeline, sort_keys=False))
     env_vars = {k: os.environ[k] for k in (*FORWARDED_ENV, *forward) if k in os.environ}
+    env_vars.setdefault("ARROW_DEFAULT_MEMORY_POOL", ARROW_POOL)  # the job's workers allocate as a local run's do
     missing = [k for k in forward if k not in os.environ]
     if missing:
         raise ConfigError(f"--env {', '.join(missing)}: not set in this environment")

@@ -223,7 +223,7 @@ class TrainConfig(_Strict):
         "auto", description="where the encoded rows are read from each epoch: store (held in Ray's object store, "
                             "which spills to disk when full), files (streamed from their Parquet files, a block at a "
                             "time: no process holds the corpus), auto (store when they take at most a quarter of "
-                            "the object store, else files)")
+                            "the object store and at most 1 GB, else files: memory stops following the corpus)")
     shuffle_buffer: int = Field(16384, ge=0, description="rows in each worker's local shuffle buffer while it "
                                                          "streams its shard (replay: stream); 0: in stored order")
     features: bool = Field(True, description="history features (harnessrl.features) as inputs of Q")

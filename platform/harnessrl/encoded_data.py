@@ -239,6 +239,7 @@ def load_arrays(batches, candidates: bool = True, vectors: np.ndarray | None = N
 
 # ---- one streaming pass for what the driver needs -----------------------------------------------
 SAMPLE_STATES = 20_000  # training states kept for the OOD reference (ood.fit_reference keeps 2048 of them)
+HELD_OUT_STATES = 4096  # held-out states that set the OOD threshold
 
 
 def keep_rows(batch: pa.Table, share: float, seed: int) -> np.ndarray:

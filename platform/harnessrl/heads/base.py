@@ -54,14 +54,14 @@ class DriverData:
         for b in self.calibration_rows.iter_batches(batch_size=8192, batch_format="pyarrow"):
             yield load_arrays([b], candidates=False, vectors=self.vectors)
 
-    def held_out_states(self, limit: int = 4096) -> np.ndarray | None:
+    def held_out_states(self) -> np.ndarray | None:
         """A seeded sample of the held-out rows' state vectors (the OOD threshold's probes); None
         without held-out rows or rendered-state vectors."""
-        from harnessrl.encoded_data import sampled, vectors_of
+        from harnessrl.encoded_data import HELD_OUT_STATES, sampled, vectors_of
 
         if self.calibration is None:
             return None
-        share, parts = limit / max(self.calibration.count(), 1), []
+        share, parts = HELD_OUT_STATES / max(self.calibration.count(), 1), []
         for b in self.calibration.iter_batches(batch_size=8192, batch_format="pyarrow"):
             v = vectors_of(sampled(b, share, self.seed), "state_emb", self.vectors)
             if v is None:

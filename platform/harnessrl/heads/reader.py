@@ -20,7 +20,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from harnessrl.encoded_data import sampled
+from harnessrl.encoded_data import HELD_OUT_STATES, SAMPLE_STATES, sampled
 from harnessrl.errors import DataError
 from harnessrl.heads.base import (DriverData, Exported, Head, Learners, Scorer, Validation, WorkerSetup, defined_tools_of,
                                   exported_tool_head, shard_size, successful_mask, tool_head_config)
@@ -401,8 +401,6 @@ class ReaderHead(Head):
         return WorkerSetup(learners, step, validation)
 
     def export(self, checkpoint_dir, config, prefix, data: DriverData) -> Exported:
-        import pyarrow as pa
-
         from harnessrl.training_state import load_network_weights
 
         cfg, net = self._network(config)
@@ -410,26 +408,32 @@ class ReaderHead(Head):
         tools = exported_tool_head(checkpoint_dir, config, prefix)
         embed = table_embed(config["texts_dir"]) if cfg.semantic else None
         scorer = ReaderScorer(net, _inputs(cfg, config["encoder_name"], embed))
-        rng = np.random.default_rng(data.seed)
-        keep = min(1.0, THRESHOLD_ROWS / max(data.n_rows, 1))
-        source = data.calibration_rows.select_columns(list(ROW_COLUMNS))
-        parts = [b.filter(pa.array(rng.random(b.num_rows) < keep)) if keep < 1 else b
-                 for b in source.iter_batches(batch_size=8192, batch_format="pyarrow")]
-        rows = load_rows(parts)
+        held_rows = (config.get("val_rows") or 0) if data.calibration is not None else data.n_rows
+
+        def sample(ds, n_rows: int, limit: int, columns: list[str]):
+            """A keyed sample of about `limit` of the `n_rows` rows of `ds`, a batch at a time."""
+            share = limit / max(n_rows, 1)
+            for b in ds.select_columns(["episode_id", "step_idx", *columns]).iter_batches(batch_size=8192,
+                                                                                          batch_format="pyarrow"):
+                yield sampled(b, share, data.seed)
+
+        rows = load_rows(sample(data.calibration_rows, held_rows, THRESHOLD_ROWS, list(ROW_COLUMNS)))
         ok = np.flatnonzero(successful_mask(rows["outcome_success"]))
         q = scorer._q([rows["s"][i] for i in ok], [[rows["action"][i]] for i in ok],
                       rows["features"][ok] if scorer.uses_features else None, embed)
         log.info("train: reader head exported (%s weights); fallback threshold from %d rows", prefix or "last", len(q))
         lookup = embed or table_embed(config["texts_dir"])
 
-        def observations(ds):
+        def observations(ds, n_rows: int, limit: int) -> np.ndarray | None:
+            """The distinct observations of a keyed sample of the rows, embedded: bounded, whatever the corpus."""
             found = set()
-            for b in ds.select_columns(["state_segments"]).iter_batches(batch_size=8192, batch_format="pyarrow"):
-                found.update(state_text(_segs(row)) for row in b.column(0).to_pylist())
+            for b in sample(ds, n_rows, limit, ["state_segments"]):
+                found.update(state_text(_segs(row)) for row in b.column("state_segments").to_pylist())
             return lookup(sorted(found)) if found else None
 
-        return Exported(scorer, q, tools, ood_states=observations(data.ds),
-                        ood_held_out=observations(data.calibration) if data.calibration is not None else None)
+        return Exported(scorer, q, tools, ood_states=observations(data.ds, data.n_rows, SAMPLE_STATES),
+                        ood_held_out=observations(data.calibration, held_rows, HELD_OUT_STATES)
+                        if data.calibration is not None else None)
 
     def save(self, directory, scorer: ReaderScorer) -> None:
         from harnessrl.model_files import WEIGHTS, save_weights
