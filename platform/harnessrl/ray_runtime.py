@@ -69,8 +69,9 @@ def use_arrow_pool() -> None:
     """Arrow allocates with jemalloc, which Arrow configures to return freed pages at once, in
     this process and (through the environment, which a local Ray's workers inherit and `harnessrl
     submit` forwards) in the workers. pyarrow's default, mimalloc, keeps them: a Ray worker that
-    had read the corpus's files held 0.4-0.8 GB after it, and the 1M-row train job peaked 16-27%
-    higher (bench/train_scale.py). Builds without jemalloc keep their default."""
+    had read the corpus's files held 0.4-0.8 GB after it (the reader's 1M-row train job peaked at
+    5.7-6.0 GB with mimalloc, 5.0-5.1 GB with jemalloc: bench/train_scale.py). Builds without
+    jemalloc keep their default."""
     import pyarrow as pa
 
     pool = os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", ARROW_POOL)
