@@ -54,16 +54,27 @@ class DriverData:
         for b in self.calibration_rows.iter_batches(batch_size=8192, batch_format="pyarrow"):
             yield load_arrays([b], candidates=False, vectors=self.vectors)
 
+    def sample(self, ds, n_rows: int, limit: int, columns: list[str] | None = None):
+        """A keyed sample (`encoded_data.sampled`) of about `limit` of the `n_rows` rows of `ds`, a
+        batch at a time: bounded, whatever the corpus; `columns`: those only (and the row keys)."""
+        from harnessrl.encoded_data import sampled
+
+        share = limit / max(n_rows, 1)
+        if columns is not None:
+            ds = ds.select_columns(["episode_id", "step_idx", *columns])
+        for b in ds.iter_batches(batch_size=8192, batch_format="pyarrow"):
+            yield sampled(b, share, self.seed)
+
     def held_out_states(self) -> np.ndarray | None:
         """A seeded sample of the held-out rows' state vectors (the OOD threshold's probes); None
         without held-out rows or rendered-state vectors."""
-        from harnessrl.encoded_data import HELD_OUT_STATES, sampled, vectors_of
+        from harnessrl.encoded_data import HELD_OUT_STATES, vectors_of
 
         if self.calibration is None:
             return None
-        share, parts = HELD_OUT_STATES / max(self.calibration.count(), 1), []
-        for b in self.calibration.iter_batches(batch_size=8192, batch_format="pyarrow"):
-            v = vectors_of(sampled(b, share, self.seed), "state_emb", self.vectors)
+        parts = []
+        for b in self.sample(self.calibration, self.calibration.count(), HELD_OUT_STATES):
+            v = vectors_of(b, "state_emb", self.vectors)
             if v is None:
                 return None
             parts.append(v)

@@ -409,15 +409,7 @@ class ReaderHead(Head):
         embed = table_embed(config["texts_dir"]) if cfg.semantic else None
         scorer = ReaderScorer(net, _inputs(cfg, config["encoder_name"], embed))
         held_rows = (config.get("val_rows") or 0) if data.calibration is not None else data.n_rows
-
-        def sample(ds, n_rows: int, limit: int, columns: list[str]):
-            """A keyed sample of about `limit` of the `n_rows` rows of `ds`, a batch at a time."""
-            share = limit / max(n_rows, 1)
-            for b in ds.select_columns(["episode_id", "step_idx", *columns]).iter_batches(batch_size=8192,
-                                                                                          batch_format="pyarrow"):
-                yield sampled(b, share, data.seed)
-
-        rows = load_rows(sample(data.calibration_rows, held_rows, THRESHOLD_ROWS, list(ROW_COLUMNS)))
+        rows = load_rows(data.sample(data.calibration_rows, held_rows, THRESHOLD_ROWS, list(ROW_COLUMNS)))
         ok = np.flatnonzero(successful_mask(rows["outcome_success"]))
         q = scorer._q([rows["s"][i] for i in ok], [[rows["action"][i]] for i in ok],
                       rows["features"][ok] if scorer.uses_features else None, embed)
@@ -427,7 +419,7 @@ class ReaderHead(Head):
         def observations(ds, n_rows: int, limit: int) -> np.ndarray | None:
             """The distinct observations of a keyed sample of the rows, embedded: bounded, whatever the corpus."""
             found = set()
-            for b in sample(ds, n_rows, limit, ["state_segments"]):
+            for b in data.sample(ds, n_rows, limit, ["state_segments"]):
                 found.update(state_text(_segs(row)) for row in b.column("state_segments").to_pylist())
             return lookup(sorted(found)) if found else None
 
