@@ -43,6 +43,7 @@ ABLATION: dict[str, tuple[str, list[str]]] = {
     "text": ("one text: the rendered state as the reader's one segment",
              ["render.segments=text", "train.reader.history_dropout=0"]),
     "tokens": ("token path on", ["train.reader.tokens=true"]),
+    "details": ("the observation's lines and sentences as segments too (render.details 8)", ["render.details=8"]),
     "features": ("no history features", ["train.features=false"]),
     "penalty": ("candidate penalty on (alpha 0.3)", ["train.alpha=0.3"]),
     "dropout": ("no history dropout", ["train.reader.history_dropout=0"]),

@@ -211,7 +211,7 @@ def transitions(ingested, work):
     from harnessrl.rewards import load_recipe
 
     return build_transitions(str(work["dir"] / "ingest"), str(work["dir"] / "transitions"), load_recipe("default"),
-                             RenderConfig(window=3, max_chars=1500, tool_from="first_word"))
+                             RenderConfig(window=3, max_chars=1500, tool_from="first_word", details=4))
 
 
 @pytest.fixture(scope="session")

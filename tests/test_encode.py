@@ -131,6 +131,8 @@ def test_each_distinct_segment_encoded_once_for_the_reader_head(transitions, wor
     want = {s["text"] for col in ("state_segments", "next_state_segments") for row in source.column(col).to_pylist()
             for s in row if s["role"] in EMBEDDED_ROLES}
     assert want, "the sample's transitions carry segments"
+    assert any(s["role"] == "detail" for row in source.column("state_segments").to_pylist() for s in row), \
+        "the fixture renders the observations' details (render.details) too"
     want |= set(source.column("action_text").to_pylist())
     want |= {t for a, c in zip(source.column("action_text").to_pylist(), source.column("candidates").to_pylist())
              for t in untaken_candidates(a, c, 16)}

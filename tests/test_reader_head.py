@@ -115,6 +115,31 @@ def test_tokens_tell_apart_states_that_differ_in_one_number(inputs, torch_one_th
         assert logits().argmax(1).tolist() == gold
 
 
+def test_the_observations_details_are_read(inputs, torch_one_thread):
+    """With render.details, a state's lines and sentences are segments of their own (role `detail`):
+    the network reads them (Q moves when one detail alone changes) and a state without its history
+    keeps them."""
+    from harnessrl.config import RenderConfig
+    from harnessrl.heads.reader_inputs import without_history
+    from harnessrl.render import Renderer, Turn
+
+    r = Renderer(RenderConfig(details=8))
+    obs = "The taxi is at row 2, column 3. The passenger waits at the red stand."
+    state = [(s.role, s.age, s.text) for s in r.segments("Deliver.", [Turn("look", "A town.")], obs)]
+    assert [s for s in state if s[0] == "detail"] == [("detail", 0, "The taxi is at row 2, column 3."),
+                                                      ("detail", 0, "The passenger waits at the red stand.")]
+    assert [s[0] for s in without_history(state)] == ["task", "observation", "detail", "detail"]
+    other = [s if s[2] != "The passenger waits at the red stand." else ("detail", 0, "The passenger waits at the blue stand.")
+             for s in state]  # one detail differs, the observation segment is the same
+    torch.manual_seed(0)
+    net = ReaderNetwork(ReaderConfig(semantic=False, tokens=True, match=False, dim=32, hidden_dim=32))
+    b = _batch(inputs, [state, other], [["drive north", "pick up the passenger"]] * 2)
+    with torch.no_grad():
+        x = net.stream(b)
+        q = torch.minimum(*net.q(net.state(x, b, "s"), x, b))
+    assert not torch.allclose(q[0], q[1])
+
+
 def _reader_rows(n: int) -> tuple[list[dict], list[str]]:
     """n reader-layout transition rows over a few observations and actions, and every text they name."""
     rng = np.random.default_rng(0)

@@ -9,7 +9,7 @@ import pytest
 
 from harnessrl import schemas
 from harnessrl.config import RenderConfig
-from harnessrl.render import EMBEDDED_ROLES, Renderer, Segment, Turn, state_segments
+from harnessrl.render import EMBEDDED_ROLES, Renderer, Segment, Turn, details, state_segments
 from harnessrl.rewards import RewardRecipe
 from harnessrl.transitions import episode_transitions
 
@@ -49,19 +49,36 @@ def test_segments_are_cut_and_empty_ones_left_out():
     assert state_segments("t", [], "o") == (Segment("task", 0, "t"), Segment("observation", 0, "o"))
 
 
+def test_details_read_the_observations_lines_and_sentences_apart():
+    obs = "Recipe #1\nIngredients: red potato, salt.\nDirections: dice the red potato. Fry it. Fry it."
+    segs = state_segments("Cook.", [], obs, RenderConfig(details=4))
+    assert _roles(segs) == ["task", "observation", "detail", "detail", "detail", "detail"]
+    assert [s.text for s in segs[2:]] == ["Recipe #1", "Ingredients: red potato, salt.",
+                                          "Directions: dice the red potato.", "Fry it."]  # distinct, at most 4
+    assert details(obs, 2) == ["Recipe #1", "Ingredients: red potato, salt."]
+    assert details("One sentence.", 8) == [] and details(obs, 0) == []  # nothing to tell apart; off
+    assert "detail" not in _roles(state_segments("Cook.", HISTORY, obs))  # off by default
+    assert "detail" in EMBEDDED_ROLES
+    # a state read without its history keeps its observation's details
+    from harnessrl.heads.reader_inputs import without_history
+    with_history = [(s.role, s.age, s.text) for s in state_segments("Cook.", HISTORY, obs, RenderConfig(details=4))]
+    assert [r for r, _, _ in without_history(with_history)] == ["task", "observation"] + ["detail"] * 4
+
+
 def test_a_rendered_text_request_is_its_one_segment():
     parsed = Renderer().parse("Task: t\nNow: o")
     assert parsed.segments == (Segment("text", 0, "Task: t\nNow: o"),) and "text" in EMBEDDED_ROLES
     assert Renderer().parse(parsed) is parsed  # parsed states pass through (evaluation rows)
 
 
-OBS = ["You are in the hall.", "Ingredients: red potato.", "You take the knife.", "You are in the kitchen.",
+OBS = ["You are in the hall.", "Ingredients: red potato.\nDirections: dice it. Fry it.", "You take the knife.",
+       "You are in the kitchen. A fridge is here.",
        "You take the knife."]
 ACTIONS = ["read cookbook", "take knife", "move east", "take knife", "eat meal"]
 
 
 @pytest.mark.parametrize("settings", [{}, {"memory_results": 1, "memory_newest": 0, "memory_actions": False},
-                                      {"tool_from": "first_word", "window": 1}])
+                                      {"tool_from": "first_word", "window": 1}, {"details": 3}])
 def test_serving_rebuilds_the_segments_and_features_training_saw(settings):
     episode = {"episode_id": "e", "task_id": "t", "group_id": "g", "task_text": "Cook a meal.", "terminated": True,
                "outcome_success": True, "tool_definitions": "[]"}
@@ -80,3 +97,5 @@ def test_serving_rebuilds_the_segments_and_features_training_saw(settings):
         assert renderer.features(parsed.history, parsed.observation, [ACTIONS[t]])[0] == row["features"]
         if t + 1 < len(rows):
             assert row["next_state_segments"] == rows[t + 1]["state_segments"]
+    if settings.get("details"):  # the observations of several sentences are read apart, in training and serving
+        assert sum(s["role"] == "detail" for r in rows for s in r["state_segments"]) == 5

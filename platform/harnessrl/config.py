@@ -64,6 +64,9 @@ class RenderConfig(_Strict):
     memory_newest: int = Field(3, ge=0, description="how many of the kept results are the newest ones")
     memory_actions: bool = Field(True, description="a segment listing the actions taken so far, with repeat counts")
     segment_chars: int = Field(1200, ge=50, description="characters per segment; longer ones are cut")
+    details: int = Field(0, ge=0, le=64, description="the observation's lines and sentences also as segments of their "
+                                                     "own (role `detail`), at most this many: a number, a recipe line "
+                                                     "or an item read apart from the rest (0: off)")
 
 
 class EncoderConfig(_Strict):

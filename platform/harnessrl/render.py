@@ -11,6 +11,7 @@ steps ago) and a compact list of every action taken so far.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any, Mapping, Sequence
@@ -113,7 +114,7 @@ def _turns_that_fit(head: list[str], turns: list[str], n_history: int, max_token
 
 
 # ---- the state as segments -------------------------------------------------------------------
-SEGMENT_ROLES = ("task", "observation", "last", "result", "actions", "status", "text")
+SEGMENT_ROLES = ("task", "observation", "last", "result", "actions", "status", "text", "detail")
 # Roles whose sentence embedding the reader head reads (its semantic path); "actions" changes at every
 # step (embedding it would cost an encoder pass per step) and is read through its tokens only.
 EMBEDDED_ROLES = frozenset(r for r in SEGMENT_ROLES if r != "actions")
@@ -131,7 +132,8 @@ class Segment:
 
 def state_segments(task: str, history: Sequence[Turn], observation: str, cfg: RenderConfig = RenderConfig()
                    ) -> tuple[Segment, ...]:
-    """The state as segments, not one text: the task, the current observation, the last action, every
+    """The state as segments, not one text: the task, the current observation (and, with
+    `details`, its lines and sentences one by one), the last action, every
     distinct earlier result the episode produced that is not shown already (within
     `memory_results`: the `memory_newest` newest, then the longest of the rest, so a recipe or a map
     read long ago stays; no configured pin list), and the actions taken with their counts. Empty
@@ -143,6 +145,7 @@ def state_segments(task: str, history: Sequence[Turn], observation: str, cfg: Re
         return Segment(role, age, text if len(text) <= cut else text[: cut - 3] + "...")
 
     out = [seg("task", 0, task), seg("observation", 0, observation)]
+    out += [seg("detail", 0, part) for part in details(observation, cfg.details)]
     if history:
         out.append(seg("last", 1, history[-1].action))
     shown = {task.strip(), observation.strip(), ""}
@@ -158,6 +161,20 @@ def state_segments(task: str, history: Sequence[Turn], observation: str, cfg: Re
     if cfg.memory_actions and history:
         out.append(seg("actions", 0, _done(history)[0][len("Done: "):]))
     return tuple(s for s in out if s.text)
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def details(text: str, limit: int) -> list[str]:
+    """A text's distinct lines and sentences, the first `limit` of them; none when it has only one.
+    One pooled embedding of a whole observation blurs the number or the line that decides; each
+    part embedded apart keeps it."""
+    if limit <= 0:
+        return []
+    parts = [s.strip() for line in text.splitlines() for s in _SENTENCE_END.split(line)]
+    parts = list(dict.fromkeys(p for p in parts if p))
+    return parts[:limit] if len(parts) > 1 else []
 
 
 @dataclass(frozen=True)

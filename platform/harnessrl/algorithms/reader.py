@@ -38,7 +38,7 @@ ROLES = (*SEGMENT_ROLES, "candidate")
 ROLE_ID = {r: i for i, r in enumerate(ROLES)}
 MAX_AGE = 16
 SLOTS = ("task", "observation", "last")  # roles read as slots of their own (the first segment of each)
-VERSION = 2  # of the network's layout; a critic of another version is retrained, not loaded
+VERSION = 3  # of the network's layout (3: the `detail` role); a critic of another version is retrained, not loaded
 
 
 @dataclass

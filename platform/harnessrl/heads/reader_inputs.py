@@ -18,7 +18,7 @@ from harnessrl.algorithms.reader import MAX_AGE, ROLE_ID
 from harnessrl.render import EMBEDDED_ROLES, SEGMENT_ROLES
 
 Seg = tuple[str, int, str]  # (role, age, text): a harnessrl.render.Segment as the data stores it
-KEPT_ROLES = frozenset({"task", "observation", "status", "text"})  # what a state without its history keeps
+KEPT_ROLES = frozenset({"task", "observation", "detail", "status", "text"})  # what a state without its history keeps
 
 
 class Tokens:
