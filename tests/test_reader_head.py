@@ -227,11 +227,13 @@ def test_a_reader_critic_trains_exports_loads_and_serves_with_equal_scores(ray_l
     logs, heldout = tmp_path / "train.jsonl", tmp_path / "heldout.jsonl"
     # actions named by their direction alone ("left", not "move left"): each its own tool for the tool head
     actions = [a.removeprefix("move ") for a in mdp.actions]
-    for path, seed, n in ((logs, 0, 160), (heldout, 1, 60)):
+    # 320 episodes: each reachable state's every action logged a few times (160 left some once, and an
+    # action seen once is ranked by what the network guesses, which flipped between seeds)
+    for path, seed, n in ((logs, 0, 320), (heldout, 1, 60)):
         path.write_text("".join(json.dumps(e).replace('"move ', '"') + "\n"
                                 for e in mdp.episodes(n, seed, 0.3, 0.95, weights, 25)))
     cfg = parse_pipeline({"name": "reader-it", "output_dir": str(tmp_path / "run"), "data": {"train": [str(logs)]},
-                          "train": {"head": "reader", "log_every": 500, "checkpoint_every": 1000,
+                          "train": {"head": "reader", "steps": 2400, "log_every": 500, "checkpoint_every": 1000,
                                     "validation_fraction": 0.2, "reader": {"batch_size": 32}},
                           "render": {"tool_from": "first_word"},
                           "serve": {"enabled": False}, "registry": {"model_name": "reader-it"}})
