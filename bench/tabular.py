@@ -46,6 +46,8 @@ ABLATION: dict[str, tuple[str, list[str]]] = {
     "details": ("the observation's lines and sentences as segments too (render.details 8)", ["render.details=8"]),
     "features": ("no history features", ["train.features=false"]),
     "penalty": ("candidate penalty on (alpha 0.3)", ["train.alpha=0.3"]),
+    "penalty_here": ("candidate penalty (alpha 0.3) on actions never taken from the observation",
+                     ["train.alpha=0.3", "train.reader.penalty_on=unseen_here"]),
     "dropout": ("no history dropout", ["train.reader.history_dropout=0"]),
     "dueling": ("no dueling split", ["train.reader.dueling=false"]),
     "value": ("V fit to the taken action (plain IQL) instead of the best candidate", ["train.reader.value_target=taken"]),

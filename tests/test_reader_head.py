@@ -78,6 +78,16 @@ def test_the_candidate_penalty_skips_candidates_taken_elsewhere_in_the_data():
     assert penalty_mask([["a", "b", "c"]], 3, set()).tolist() == [[True, True]]  # penalty_on: untaken
 
 
+def test_the_penalty_on_unseen_here_skips_only_candidates_taken_from_the_same_observation():
+    from harnessrl.heads.reader import penalty_mask, taken_here
+
+    seen = {taken_here("At the door.", "go north"), taken_here("In the hall.", "eat meal")}
+    cands = [["open door", "go north", "eat meal"], ["go north", "eat meal", "open door"]]
+    mask = penalty_mask(cands, 3, seen, ["At the door.", "In the hall."])
+    # "eat meal" was taken, but in the hall: at the door the data says nothing of it
+    assert mask.tolist() == [[False, True], [False, True]]
+
+
 def test_the_saved_weights_leave_the_word_table_to_the_encoder(tmp_path):
     from safetensors.torch import load_file
 
@@ -176,10 +186,11 @@ def test_role_statistics_streamed_in_parts_equal_those_of_the_whole():
     np.testing.assert_allclose(whole[1][ROLE_ID["observation"]], observations.std(0), atol=1e-5)
 
 
-@pytest.mark.parametrize("replay", ["stream", "memory"])
-def test_a_reader_worker_streams_its_shard_or_holds_it(replay, tmp_path, torch_one_thread):
+@pytest.mark.parametrize("replay,penalty_on", [("stream", "unseen"), ("memory", "unseen"), ("stream", "unseen_here")])
+def test_a_reader_worker_streams_its_shard_or_holds_it(replay, penalty_on, tmp_path, torch_one_thread):
     """train.replay: stream reads the shard epoch after epoch (a buffer of rows, never all of them);
-    memory reads it once and samples from it. Both train."""
+    memory reads it once and samples from it. Both train. With penalty_on: unseen_here the candidate
+    penalty reaches actions taken elsewhere but not from the state's room."""
     import pyarrow.parquet as pq
 
     from harnessrl.encoders import text_hash
@@ -189,14 +200,18 @@ def test_a_reader_worker_streams_its_shard_or_holds_it(replay, tmp_path, torch_o
     from conftest import ShardReader
 
     rows, texts = _reader_rows(40)
+    for row in rows:  # no candidate features: every untaken candidate is drawn (value target, penalty)
+        row["candidate_features"] = None
     rng = np.random.default_rng(1)
     (tmp_path / "_texts").mkdir()
     pq.write_table(pa.table({"text_hash": [text_hash(t) for t in texts],
                              "emb": pa.array(rng.normal(size=(len(texts), 8)).astype(np.float32).tolist(),
                                              pa.list_(pa.float32(), 8))}), tmp_path / "_texts" / "part.parquet")
-    config = {"network": ReaderConfig(sem_dim=8, dim=16, hidden_dim=16, value_target="candidates").to_dict(),
+    alpha = 0.5 if penalty_on == "unseen_here" else 0.0
+    config = {"network": ReaderConfig(sem_dim=8, dim=16, hidden_dim=16, value_target="candidates",
+                                      alpha=alpha).to_dict(),
               "encoder_name": BUILTIN_MINILM, "texts_dir": str(tmp_path / "_texts"), "role_stats": None,
-              "batch_size": 8, "history_dropout": 0.25, "penalty_on": "unseen", "tool_head": None,
+              "batch_size": 8, "history_dropout": 0.25, "penalty_on": penalty_on, "tool_head": None,
               "tool_vocab": [], "candidates_per_step": 2, "reward_scale": 1.0, "seed": 0, "replay": replay,
               "shuffle_buffer": 16}
     reader = ShardReader(pa.Table.from_pylist(rows))
@@ -208,6 +223,8 @@ def test_a_reader_worker_streams_its_shard_or_holds_it(replay, tmp_path, torch_o
     assert any(not torch.equal(a, b) for a, b in zip(before, setup.learners.critic.core.parameters()))
     # the stream reads the 40 rows pass after pass (at least 3 for 96 rows drawn)
     assert reader.epochs >= 3 if replay == "stream" else reader.epochs == 1
+    if alpha:  # every action is taken in some room, never in all six: unseen would penalise none
+        assert any(m["cand_penalty"] > 0 for m in metrics), metrics
 
 
 @pytest.mark.integration

@@ -156,10 +156,12 @@ class ReaderHeadConfig(_Strict):
     value_target: Literal["taken", "candidates"] = Field(
         "candidates", description="V(s) fit (by expectile) to Q of the taken action (plain IQL), or to the best Q "
                                   "among the step's logged candidates: the value of acting as the critic will")
-    penalty_on: Literal["unseen", "untaken"] = Field(
+    penalty_on: Literal["unseen", "unseen_here", "untaken"] = Field(
         "unseen", description="the candidate penalty (train.alpha) applies to untaken candidates never taken anywhere "
-                              "in the data (unseen: one taken elsewhere learns its value there, unbiased), or to every "
-                              "untaken candidate (as the frozen head)")
+                              "in the data (unseen: one taken elsewhere learns its value there, unbiased), to those "
+                              "never taken from the state's observation (unseen_here: where observations repeat, the "
+                              "actions the data says nothing about there), or to every untaken candidate (as the "
+                              "frozen head)")
     history_dropout: float = Field(0.25, ge=0, lt=1, description="share of training states read without their "
                                                                  "history (task and observation only, features zero), "
                                                                  "so the critic also answers agents that send none")

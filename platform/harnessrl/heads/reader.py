@@ -183,15 +183,22 @@ def _inputs(cfg, encoder_name: str, embed) -> Inputs:
                   cfg.sem_dim, token_path=cfg.tokens, match=cfg.match)
 
 
-def penalty_mask(candidates: Sequence[Sequence[str]], k: int, seen: set[str]) -> np.ndarray:
+def penalty_mask(candidates: Sequence[Sequence[str]], k: int, seen: set, where: Sequence[str] | None = None
+                 ) -> np.ndarray:
     """(B, k - 1): which untaken candidates (each list's entries after the first, the taken action)
     the candidate penalty applies to: those present and not in `seen` (actions taken elsewhere in the
-    data, whose values the TD loss learns where they were taken)."""
+    data, whose values the TD loss learns where they were taken); with `where` (each state's text),
+    `seen` holds `taken_here` keys: a candidate taken elsewhere but never from this state is penalised."""
     out = np.zeros((len(candidates), max(0, k - 1)), bool)
     for i, cands in enumerate(candidates):
         for j, c in enumerate(cands[1:]):
-            out[i, j] = c not in seen
+            out[i, j] = (c if where is None else taken_here(where[i], c)) not in seen
     return out
+
+
+def taken_here(state: str, action: str) -> int:
+    """The key of (state text, action) in a set of those taken: a hash, not the texts (one per row)."""
+    return hash((state, action))
 
 
 def _features(per_state: Sequence[Sequence[Sequence[float]]], k: int, dim: int) -> np.ndarray:
@@ -356,10 +363,15 @@ class ReaderHead(Head):
 
             def draw(gen: torch.Generator) -> dict[str, Any]:
                 return load_rows([next(tables)])
-        # the penalty's candidates: never taken anywhere in this worker's data ("unseen"), or all untaken ones
-        seen: set[str] = set()
-        if cfg.alpha > 0 and config.get("penalty_on", "untaken") == "unseen":
+        # the penalty's candidates: never taken anywhere in this worker's data ("unseen"), never taken from
+        # this state's observation ("unseen_here"), or all untaken ones
+        penalty_on = config.get("penalty_on", "untaken") if cfg.alpha > 0 else "untaken"
+        seen: set = set()
+        if penalty_on == "unseen":
             seen = {a for b in shard for a in b.column("action_text").to_pylist()}
+        elif penalty_on == "unseen_here":
+            seen = {taken_here(state_text(_segs(s)), a) for b in shard
+                    for s, a in zip(b.column("state_segments").to_pylist(), b.column("action_text").to_pylist())}
 
         def step(gen: torch.Generator) -> dict[str, float]:
             rows = draw(gen)
@@ -376,7 +388,8 @@ class ReaderHead(Head):
             states = [without_history(rows["s"][i]) if d else rows["s"][i] for i, d in zip(idx, drop)]
             batch = assemble(inputs, states, cands, [rows["n"][i] for i in idx])
             if k_extra:
-                batch["p_mask"] = penalty_mask(cands, batch["k_mask"].shape[1], seen)
+                where = [state_text(s) for s in states] if penalty_on == "unseen_here" else None
+                batch["p_mask"] = penalty_mask(cands, batch["k_mask"].shape[1], seen, where)
             b = as_tensors(batch, device)
             f = None
             if use_f:  # a state without its history has all-zero history features
