@@ -186,11 +186,13 @@ def test_role_statistics_streamed_in_parts_equal_those_of_the_whole():
     np.testing.assert_allclose(whole[1][ROLE_ID["observation"]], observations.std(0), atol=1e-5)
 
 
-@pytest.mark.parametrize("replay,penalty_on", [("stream", "unseen"), ("memory", "unseen"), ("stream", "unseen_here")])
+@pytest.mark.parametrize("replay,penalty_on", [("stream", "unseen"), ("memory", "unseen"), ("stream", "unseen_here"),
+                                               ("memory", "unseen_here")])
 def test_a_reader_worker_streams_its_shard_or_holds_it(replay, penalty_on, tmp_path, torch_one_thread):
     """train.replay: stream reads the shard epoch after epoch (a buffer of rows, never all of them);
-    memory reads it once and samples from it. Both train. With penalty_on: unseen_here the candidate
-    penalty reaches actions taken elsewhere but not from the state's room."""
+    memory reads it once (the penalty's set of taken pairs included) and samples from it. Both train.
+    With penalty_on: unseen_here the candidate penalty reaches actions taken elsewhere but not from
+    the state's room."""
     import pyarrow.parquet as pq
 
     from harnessrl.encoders import text_hash
@@ -223,7 +225,7 @@ def test_a_reader_worker_streams_its_shard_or_holds_it(replay, penalty_on, tmp_p
     assert any(not torch.equal(a, b) for a, b in zip(before, setup.learners.critic.core.parameters()))
     # the stream reads the 40 rows pass after pass (at least 3 for 96 rows drawn)
     assert reader.epochs >= 3 if replay == "stream" else reader.epochs == 1
-    if alpha:  # every action is taken in some room, never in all six: unseen would penalise none
+    if alpha:  # every action is taken in some room, not every action in every room: unseen would penalise none
         assert any(m["cand_penalty"] > 0 for m in metrics), metrics
 
 

@@ -196,6 +196,15 @@ def penalty_mask(candidates: Sequence[Sequence[str]], k: int, seen: set, where: 
     return out
 
 
+def _taken_at(batch, here: bool) -> Iterable[tuple[str, str]]:
+    """A transitions batch's (action, where it was taken): the state's text with `here`, else the
+    action again (the state's segments are decoded only when asked for)."""
+    actions = batch.column("action_text").to_pylist()
+    if not here:
+        return zip(actions, actions)
+    return zip(actions, (state_text(_segs(s)) for s in batch.column("state_segments").to_pylist()))
+
+
 def taken_here(state: str, action: str) -> int:
     """The key of (state text, action) in a set of those taken: a hash, not the texts (one per row)."""
     return hash((state, action))
@@ -351,27 +360,25 @@ class ReaderHead(Head):
         k_extra = config["candidates_per_step"] if cfg.alpha > 0 or cfg.value_target == "candidates" else 0
         per_worker = max(1, config["batch_size"] // world)
         drop_share = config.get("history_dropout", 0.0)
+        # the penalty's candidates: never taken anywhere in this worker's data ("unseen"), never taken from
+        # this state's observation ("unseen_here"), or all untaken ones
+        penalty_on = config.get("penalty_on", "untaken") if cfg.alpha > 0 else "untaken"
+        here, penalised = penalty_on == "unseen_here", penalty_on != "untaken"
         # minibatches: the shard streamed through a shuffle buffer (train.replay: stream), or held and sampled
         if config.get("replay") == "memory":
             held = load_rows(shard)
             n = shard_size(held)
+            taken = zip(held["action"], map(state_text, held["s"]) if here else held["action"])  # read once
 
             def draw(gen: torch.Generator) -> dict[str, Any]:
                 return take(held, torch.randint(n, (per_worker,), generator=gen).tolist())
         else:
             tables = shard.tables(per_worker, config["seed"], config.get("shuffle_buffer", 0))
+            taken = (pair for b in (shard if penalised else ()) for pair in _taken_at(b, here))
 
             def draw(gen: torch.Generator) -> dict[str, Any]:
                 return load_rows([next(tables)])
-        # the penalty's candidates: never taken anywhere in this worker's data ("unseen"), never taken from
-        # this state's observation ("unseen_here"), or all untaken ones
-        penalty_on = config.get("penalty_on", "untaken") if cfg.alpha > 0 else "untaken"
-        seen: set = set()
-        if penalty_on == "unseen":
-            seen = {a for b in shard for a in b.column("action_text").to_pylist()}
-        elif penalty_on == "unseen_here":
-            seen = {taken_here(state_text(_segs(s)), a) for b in shard
-                    for s, a in zip(b.column("state_segments").to_pylist(), b.column("action_text").to_pylist())}
+        seen = {taken_here(where, a) if here else a for a, where in taken} if penalised else set()
 
         def step(gen: torch.Generator) -> dict[str, float]:
             rows = draw(gen)
@@ -388,7 +395,7 @@ class ReaderHead(Head):
             states = [without_history(rows["s"][i]) if d else rows["s"][i] for i, d in zip(idx, drop)]
             batch = assemble(inputs, states, cands, [rows["n"][i] for i in idx])
             if k_extra:
-                where = [state_text(s) for s in states] if penalty_on == "unseen_here" else None
+                where = [state_text(s) for s in states] if here else None
                 batch["p_mask"] = penalty_mask(cands, batch["k_mask"].shape[1], seen, where)
             b = as_tensors(batch, device)
             f = None
