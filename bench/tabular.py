@@ -51,6 +51,8 @@ ABLATION: dict[str, tuple[str, list[str]]] = {
     "dropout": ("no history dropout", ["train.reader.history_dropout=0"]),
     "dueling": ("no dueling split", ["train.reader.dueling=false"]),
     "value": ("V fit to the taken action (plain IQL) instead of the best candidate", ["train.reader.value_target=taken"]),
+    "supported": ("V fit to the best candidate taken from the observation (value_target supported)",
+                  ["train.reader.value_target=supported"]),
 }
 FULL_HISTORY_STATES = 400  # logged visits asked about with their history
 

@@ -229,6 +229,49 @@ def test_a_reader_worker_streams_its_shard_or_holds_it(replay, penalty_on, tmp_p
         assert any(m["cand_penalty"] > 0 for m in metrics), metrics
 
 
+def test_the_supported_value_target_maximises_over_candidates_taken_from_the_same_observation(tmp_path, monkeypatch,
+                                                                                              torch_one_thread):
+    """value_target: supported: the V target's max reaches the taken action and the candidates some row
+    took from the same observation, not those the data never took there."""
+    import pyarrow.parquet as pq
+
+    from harnessrl.encoders import text_hash
+    from harnessrl.heads import reader as head
+    from harnessrl.heads.base import Shard
+
+    from conftest import ShardReader
+
+    rows, texts = _reader_rows(40)
+    for row in rows:
+        row["candidate_features"] = None
+    (tmp_path / "_texts").mkdir()
+    pq.write_table(pa.table({"text_hash": [text_hash(t) for t in texts],
+                             "emb": pa.array(np.random.default_rng(1).normal(size=(len(texts), 8)).astype(
+                                 np.float32).tolist(), pa.list_(pa.float32(), 8))}), tmp_path / "_texts" / "p.parquet")
+    config = {"network": ReaderConfig(sem_dim=8, dim=16, hidden_dim=16, value_target="supported").to_dict(),
+              "encoder_name": BUILTIN_MINILM, "texts_dir": str(tmp_path / "_texts"), "role_stats": None,
+              "batch_size": 8, "history_dropout": 0.25, "penalty_on": "unseen", "tool_head": None,
+              "tool_vocab": [], "candidates_per_step": 3, "reward_scale": 1.0, "seed": 0, "replay": "memory"}
+    assembled, updated = [], []
+    real = head.assemble
+    monkeypatch.setattr(head, "assemble", lambda inp, s, c, n=None: assembled.append((s, c)) or real(inp, s, c, n))
+    setup = head.ReaderHead().worker(config, Shard(ShardReader(pa.Table.from_pylist(rows))), None, 1, "cpu")
+    update = setup.learners.critic.update
+    setup.learners.critic.update = lambda b, *a: updated.append(b["v_mask"].numpy()) or update(b, *a)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(6):
+        setup.step(gen)
+    pairs = {(r["state_segments"][1]["text"], r["action_text"]) for r in rows}
+    kept = dropped = 0
+    for (states, cands), v_mask in zip(assembled, updated):
+        for i, (state, cs) in enumerate(zip(states, cands)):
+            obs = head.state_text(state)
+            want = [True] + [(obs, c) in pairs for c in cs[1:]]
+            assert v_mask[i, :len(cs)].tolist() == want and not v_mask[i, len(cs):].any()
+            kept, dropped = kept + sum(want[1:]), dropped + len(want) - 1 - sum(want[1:])
+    assert kept and dropped  # both kinds were drawn: the check could fail either way
+
+
 @pytest.mark.integration
 def test_a_reader_critic_trains_exports_loads_and_serves_with_equal_scores(ray_local, harnessrl_home, tmp_path):
     import httpx

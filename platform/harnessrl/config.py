@@ -153,9 +153,11 @@ class ReaderHeadConfig(_Strict):
     match: bool = Field(True, description="per state role, the share of the candidate's tokens found there")
     dueling: bool = Field(True, description="Q = A(s, a) + B(s): the small differences between actions are not "
                                             "drowned by the spread of values between states")
-    value_target: Literal["taken", "candidates"] = Field(
-        "candidates", description="V(s) fit (by expectile) to Q of the taken action (plain IQL), or to the best Q "
-                                  "among the step's logged candidates: the value of acting as the critic will")
+    value_target: Literal["taken", "candidates", "supported"] = Field(
+        "candidates", description="V(s) fit (by expectile) to Q of the taken action (plain IQL), to the best Q "
+                                  "among the step's logged candidates (the value of acting as the critic will), or "
+                                  "to the best among those the data took from the state's observation (supported: "
+                                  "values the network only guesses do not reach V)")
     penalty_on: Literal["unseen", "unseen_here", "untaken"] = Field(
         "unseen", description="the candidate penalty (train.alpha) applies to untaken candidates never taken anywhere "
                               "in the data (unseen: one taken elsewhere learns its value there, unbiased), to those "
@@ -179,7 +181,7 @@ class ReaderHeadConfig(_Strict):
         return self
 
 
-AUTO_STEPS = (2000, 20000)  # train.steps: auto stays within these
+AUTO_STEPS = (2000, 50000)  # train.steps: auto stays within these (text Taxi needed 40,000: bench/README.md)
 
 
 def _steps(value: Any) -> int | str:

@@ -59,7 +59,8 @@ class ReaderConfig:
     polyak: float = 0.005
     lr: float = 3e-4
     alpha: float = 0.0  # candidate-set penalty weight, as in IQLConfig
-    value_target: str = "taken"  # V(s) fit to Q of the taken action ("taken", IQL) or the best candidate's
+    value_target: str = "taken"  # V(s) fit to Q of the taken action ("taken", IQL), the best candidate's
+    # ("candidates") or the best of the candidates taken from the same observation ("supported")
     feature_dim: int = 0
     bf16: bool = False
 
@@ -215,8 +216,9 @@ class ReaderLearner:
                 t = self.target_q
                 x = t.stream(b)
                 tq_all = torch.minimum(*t.q(t.state(x, b, "s"), x, b, f))
+                # "candidates": the best of those present; "supported": of those taken from here (`v_mask`)
                 tq = tq_all[:, 0] if cfg.value_target == "taken" else \
-                    tq_all.masked_fill(~b["k_mask"], float("-inf")).amax(1)
+                    tq_all.masked_fill(~b.get("v_mask", b["k_mask"]), float("-inf")).amax(1)
         q1_all, q2_all, v, v_next, tq = fp32(q1_all, q2_all, v, v_next, tq)
         use_cand = cfg.alpha > 0 and q1_all.shape[1] > 1
         qc = (q1_all[:, 1:], q2_all[:, 1:]) if use_cand else None

@@ -357,13 +357,15 @@ class ReaderHead(Head):
         embed = lookup if cfg.semantic else None
         inputs = _inputs(cfg, config["encoder_name"], embed)
         use_f = cfg.feature_dim > 0
-        k_extra = config["candidates_per_step"] if cfg.alpha > 0 or cfg.value_target == "candidates" else 0
+        k_extra = config["candidates_per_step"] if cfg.alpha > 0 or cfg.value_target != "taken" else 0
         per_worker = max(1, config["batch_size"] // world)
         drop_share = config.get("history_dropout", 0.0)
         # the penalty's candidates: never taken anywhere in this worker's data ("unseen"), never taken from
-        # this state's observation ("unseen_here"), or all untaken ones
+        # this state's observation ("unseen_here"), or all untaken ones; value_target "supported" maximises
+        # over the candidates taken from the observation: the pairs taken here are keyed by place
         penalty_on = config.get("penalty_on", "untaken") if cfg.alpha > 0 else "untaken"
-        here, penalised = penalty_on == "unseen_here", penalty_on != "untaken"
+        by_action = penalty_on == "unseen"
+        here = penalty_on == "unseen_here" or cfg.value_target == "supported"
         # minibatches: the shard streamed through a shuffle buffer (train.replay: stream), or held and sampled
         if config.get("replay") == "memory":
             held = load_rows(shard)
@@ -374,11 +376,16 @@ class ReaderHead(Head):
                 return take(held, torch.randint(n, (per_worker,), generator=gen).tolist())
         else:
             tables = shard.tables(per_worker, config["seed"], config.get("shuffle_buffer", 0))
-            taken = (pair for b in (shard if penalised else ()) for pair in _taken_at(b, here))
+            taken = (pair for b in (shard if by_action or here else ()) for pair in _taken_at(b, here))
 
             def draw(gen: torch.Generator) -> dict[str, Any]:
                 return load_rows([next(tables)])
-        seen = {taken_here(where, a) if here else a for a, where in taken} if penalised else set()
+        seen, seen_here = set(), set()
+        for a, where in taken if by_action or here else ():
+            if by_action:
+                seen.add(a)
+            if here:
+                seen_here.add(taken_here(where, a))
 
         def step(gen: torch.Generator) -> dict[str, float]:
             rows = draw(gen)
@@ -395,8 +402,14 @@ class ReaderHead(Head):
             states = [without_history(rows["s"][i]) if d else rows["s"][i] for i, d in zip(idx, drop)]
             batch = assemble(inputs, states, cands, [rows["n"][i] for i in idx])
             if k_extra:
-                where = [state_text(s) for s in states] if here else None
-                batch["p_mask"] = penalty_mask(cands, batch["k_mask"].shape[1], seen, where)
+                k, where = batch["k_mask"].shape[1], [state_text(s) for s in states] if here else None
+                if penalty_on == "unseen_here":
+                    batch["p_mask"] = penalty_mask(cands, k, seen_here, where)
+                else:
+                    batch["p_mask"] = penalty_mask(cands, k, seen)
+                if cfg.value_target == "supported":  # the taken action, and candidates taken from here
+                    batch["v_mask"] = batch["k_mask"] & ~np.pad(penalty_mask(cands, k, seen_here, where),
+                                                                ((0, 0), (1, 0)))
             b = as_tensors(batch, device)
             f = None
             if use_f:  # a state without its history has all-zero history features
