@@ -165,6 +165,24 @@ def _reader_rows(n: int) -> tuple[list[dict], list[str]]:
     return rows, ["Find the key.", *obs, *acts]
 
 
+def _worker_shard(tmp_path) -> tuple[list[dict], str]:
+    """40 reader rows without candidate features (every untaken candidate is drawn: value target,
+    penalty) and a `_texts` folder holding an 8-d vector for each text they name."""
+    import pyarrow.parquet as pq
+
+    from harnessrl.encoders import text_hash
+
+    rows, texts = _reader_rows(40)
+    for row in rows:
+        row["candidate_features"] = None
+    folder = tmp_path / "_texts"
+    folder.mkdir()
+    emb = np.random.default_rng(1).normal(size=(len(texts), 8)).astype(np.float32)
+    pq.write_table(pa.table({"text_hash": [text_hash(t) for t in texts],
+                             "emb": pa.array(emb.tolist(), pa.list_(pa.float32(), 8))}), folder / "part.parquet")
+    return rows, str(folder)
+
+
 def test_role_statistics_streamed_in_parts_equal_those_of_the_whole():
     from harnessrl.algorithms.reader import ROLE_ID
     from harnessrl.heads.reader import load_rows, role_stats
@@ -193,26 +211,16 @@ def test_a_reader_worker_streams_its_shard_or_holds_it(replay, penalty_on, tmp_p
     memory reads it once (the penalty's set of taken pairs included) and samples from it. Both train.
     With penalty_on: unseen_here the candidate penalty reaches actions taken elsewhere but not from
     the state's room."""
-    import pyarrow.parquet as pq
-
-    from harnessrl.encoders import text_hash
     from harnessrl.heads.base import Shard
     from harnessrl.heads.reader import ReaderHead
 
     from conftest import ShardReader
 
-    rows, texts = _reader_rows(40)
-    for row in rows:  # no candidate features: every untaken candidate is drawn (value target, penalty)
-        row["candidate_features"] = None
-    rng = np.random.default_rng(1)
-    (tmp_path / "_texts").mkdir()
-    pq.write_table(pa.table({"text_hash": [text_hash(t) for t in texts],
-                             "emb": pa.array(rng.normal(size=(len(texts), 8)).astype(np.float32).tolist(),
-                                             pa.list_(pa.float32(), 8))}), tmp_path / "_texts" / "part.parquet")
+    rows, texts_dir = _worker_shard(tmp_path)
     alpha = 0.5 if penalty_on == "unseen_here" else 0.0
     config = {"network": ReaderConfig(sem_dim=8, dim=16, hidden_dim=16, value_target="candidates",
                                       alpha=alpha).to_dict(),
-              "encoder_name": BUILTIN_MINILM, "texts_dir": str(tmp_path / "_texts"), "role_stats": None,
+              "encoder_name": BUILTIN_MINILM, "texts_dir": texts_dir, "role_stats": None,
               "batch_size": 8, "history_dropout": 0.25, "penalty_on": penalty_on, "tool_head": None,
               "tool_vocab": [], "candidates_per_step": 2, "reward_scale": 1.0, "seed": 0, "replay": replay,
               "shuffle_buffer": 16}
@@ -233,23 +241,14 @@ def test_the_supported_value_target_maximises_over_candidates_taken_from_the_sam
                                                                                               torch_one_thread):
     """value_target: supported: the V target's max reaches the taken action and the candidates some row
     took from the same observation, not those the data never took there."""
-    import pyarrow.parquet as pq
-
-    from harnessrl.encoders import text_hash
     from harnessrl.heads import reader as head
     from harnessrl.heads.base import Shard
 
     from conftest import ShardReader
 
-    rows, texts = _reader_rows(40)
-    for row in rows:
-        row["candidate_features"] = None
-    (tmp_path / "_texts").mkdir()
-    pq.write_table(pa.table({"text_hash": [text_hash(t) for t in texts],
-                             "emb": pa.array(np.random.default_rng(1).normal(size=(len(texts), 8)).astype(
-                                 np.float32).tolist(), pa.list_(pa.float32(), 8))}), tmp_path / "_texts" / "p.parquet")
+    rows, texts_dir = _worker_shard(tmp_path)
     config = {"network": ReaderConfig(sem_dim=8, dim=16, hidden_dim=16, value_target="supported").to_dict(),
-              "encoder_name": BUILTIN_MINILM, "texts_dir": str(tmp_path / "_texts"), "role_stats": None,
+              "encoder_name": BUILTIN_MINILM, "texts_dir": texts_dir, "role_stats": None,
               "batch_size": 8, "history_dropout": 0.25, "penalty_on": "unseen", "tool_head": None,
               "tool_vocab": [], "candidates_per_step": 3, "reward_scale": 1.0, "seed": 0, "replay": "memory"}
     assembled, updated = [], []
