@@ -402,14 +402,13 @@ class ReaderHead(Head):
             states = [without_history(rows["s"][i]) if d else rows["s"][i] for i, d in zip(idx, drop)]
             batch = assemble(inputs, states, cands, [rows["n"][i] for i in idx])
             if k_extra:
-                k, where = batch["k_mask"].shape[1], [state_text(s) for s in states] if here else None
-                if penalty_on == "unseen_here":
-                    batch["p_mask"] = penalty_mask(cands, k, seen_here, where)
-                else:
-                    batch["p_mask"] = penalty_mask(cands, k, seen)
+                k = batch["k_mask"].shape[1]
+                # untaken candidates never taken from the state's observation: computed once for both uses
+                unseen_here = penalty_mask(cands, k, seen_here, [state_text(s) for s in states]) if here else None
+                if cfg.alpha > 0:  # the learner reads p_mask only with a penalty
+                    batch["p_mask"] = unseen_here if penalty_on == "unseen_here" else penalty_mask(cands, k, seen)
                 if cfg.value_target == "supported":  # the taken action, and candidates taken from here
-                    batch["v_mask"] = batch["k_mask"] & ~np.pad(penalty_mask(cands, k, seen_here, where),
-                                                                ((0, 0), (1, 0)))
+                    batch["v_mask"] = batch["k_mask"] & ~np.pad(unseen_here, ((0, 0), (1, 0)))
             b = as_tensors(batch, device)
             f = None
             if use_f:  # a state without its history has all-zero history features
