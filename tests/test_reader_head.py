@@ -100,6 +100,33 @@ def test_the_saved_weights_leave_the_word_table_to_the_encoder(tmp_path):
     assert {"sem_mean", "sem_std", "feat_mean", "feat_std"} <= set(saved)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no GPU visible"))])
+def test_a_reader_critic_loads_onto_the_device_asked_for_and_scores_the_same(device, tmp_path, torch_one_thread):
+    """`ReaderHead.load(device=...)` puts the network there (`Critic.load`'s device: a service replica's
+    GPU), and the scorer sends its batches there: the same scores as the network in memory."""
+    from types import SimpleNamespace
+
+    from harnessrl.heads.reader import ReaderHead, ReaderScorer, _inputs
+
+    cfg = ReaderConfig(semantic=False, tokens=True, dim=16, hidden_dim=16)
+    torch.manual_seed(0)
+    net = ReaderNetwork(cfg)
+    for p in net.parameters():  # nothing left at its zero or unit init: every weight counts
+        p.data.normal_(0, 0.3)
+    ReaderHead().save(str(tmp_path), SimpleNamespace(net=net))
+    card = SimpleNamespace(head_config=cfg.to_dict(), identity=SimpleNamespace(model_name=BUILTIN_MINILM))
+    loaded = ReaderHead().load(str(tmp_path), card, device)
+    assert loaded.device.type == device and all(p.device.type == device for p in loaded.net.parameters())
+    segs = [[("task", 0, "Reach the goal."), ("observation", 0, f"You are at row {r}, column {c}.")]
+            for r, c in ((1, 2), (2, 1), (3, 3))]
+    cands = [["go east", "go south"], ["go north"], ["go west", "go east", "go south"]]
+    want = ReaderScorer(net, _inputs(cfg, BUILTIN_MINILM, None))._q(segs, cands, None, None)
+    got = loaded._q(segs, cands, None, None)
+    assert got.shape == (6,) and np.ptp(want) > 1e-3
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_tokens_tell_apart_states_that_differ_in_one_number(inputs, torch_one_thread):
     """Two grid states whose sentence embeddings nearly coincide and whose best moves are opposite:
     the token path learns to rank them (a supervised check of what it can read)."""

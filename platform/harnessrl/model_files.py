@@ -56,8 +56,8 @@ def save_critic(directory: str | Path, scorer, card: ModelCard, tool_head: tuple
 
 
 def load_critic_files(directory: str | Path, device: str | None = None):
-    """(scorer in eval mode, card) from a critic folder; a head's networks go to `device` where the
-    head runs a trunk (default: a GPU when one is visible; the frozen head's MLP stays on the CPU)."""
+    """(scorer in eval mode, card) from a critic folder; the cross and reader heads' networks go to
+    `device` (default: a GPU when one is visible); the frozen head's small MLP stays on the CPU."""
     from harnessrl import heads
 
     directory = Path(directory)

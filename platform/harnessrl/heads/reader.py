@@ -248,8 +248,11 @@ class ReaderValidation(Validation):
 
 
 class ReaderScorer(Scorer):
+    """Scores on the device its network is on (`ReaderHead.load`'s: a GPU when one is visible)."""
+
     def __init__(self, net, inputs: Inputs):
         self.net, self.inputs = net.eval(), inputs
+        self.device = next(net.parameters()).device
         self.uses_features = bool(net.feat_mean.numel())
 
     def state_text(self, state) -> str:
@@ -270,7 +273,7 @@ class ReaderScorer(Scorer):
         with torch.no_grad():
             for i in range(0, len(segs), CHUNK):
                 part, cands = segs[i:i + CHUNK], candidates[i:i + CHUNK]
-                b = as_tensors(assemble(inputs, part, cands))
+                b = as_tensors(assemble(inputs, part, cands), self.device)
                 f = None
                 if self.uses_features:
                     n = sum(len(c) for c in cands)
@@ -279,10 +282,10 @@ class ReaderScorer(Scorer):
                     for c in cands:
                         per.append(flat[k:k + len(c)])
                         k += len(c)
-                    f = torch.from_numpy(_features(per, b["k_mask"].shape[1], flat.shape[1]))
+                    f = torch.from_numpy(_features(per, b["k_mask"].shape[1], flat.shape[1])).to(self.device)
                     pos += n
                 x = self.net.stream(b)
-                q = torch.minimum(*self.net.q(self.net.state(x, b, "s"), x, b, f))
+                q = torch.minimum(*self.net.q(self.net.state(x, b, "s"), x, b, f)).cpu()
                 out += [q[j, : len(c)].numpy() for j, c in enumerate(cands)]
         return np.concatenate(out) if out else np.zeros(0, np.float32)
 
@@ -301,9 +304,9 @@ class ReaderScorer(Scorer):
                 segs = [[(s.role, s.age, s.text) for s in p.segments] for p in group]
                 out = []
                 for i in range(0, len(segs), CHUNK):
-                    b = as_tensors(assemble(inputs, segs[i:i + CHUNK], [[""] for _ in segs[i:i + CHUNK]]))
+                    b = as_tensors(assemble(inputs, segs[i:i + CHUNK], [[""] for _ in segs[i:i + CHUNK]]), self.device)
                     x = self.net.stream(b)
-                    out.append(self.net.v(self.net.state(x, b, "s")).numpy())
+                    out.append(self.net.v(self.net.state(x, b, "s")).cpu().numpy())
                 vs.append(np.concatenate(out) if out else np.zeros(0, np.float32))
         return q, vs[0], vs[1]
 
@@ -472,7 +475,10 @@ class ReaderHead(Head):
         if card.head_config.get("version") != VERSION:
             raise ModelError(f"critic {directory}: a reader network of version {card.head_config.get('version', 1)}; "
                              f"this release reads version {VERSION}: train it again")
+        import torch
+
         cfg = ReaderConfig(**card.head_config)
         net = ReaderNetwork(cfg)
         load_weights(net, f"{directory}/{WEIGHTS}")
+        net.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         return ReaderScorer(net, _inputs(cfg, card.identity.model_name, None))
