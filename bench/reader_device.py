@@ -7,7 +7,7 @@ No Ray and no MLflow: the head's worker and scorer are called directly, so the s
 only torch, transformers, pyarrow, numpy and pydantic are (a device machine). `--pack` gathers what
 it reads into one folder: the encoded rows (zstd), the `_texts` table of their embeddings, and the
 encoder's tokenizer with its word-embedding table in float16 (the token path's input; 23 MiB),
-about 35 MiB for text Taxi's 44,690 transitions.
+about 30 MiB for text Taxi's 44,690 transitions.
 
     python bench/tabular.py --tasks taxi --wordings b --work-dir /tmp/tab     # the encoded data
     python bench/reader_device.py --pack .dev/reader --encoded /tmp/tab/tabular-taxi-b-reader/encoded
@@ -80,20 +80,16 @@ class TableReader:
 def loop_config(table, packed: Path, tokens: bool, bf16: bool, batch_size: int | None = None) -> dict:
     """What `ReaderHead.loop_config` and the train job give a worker, with every default of
     `TrainConfig`, for rows held in one table."""
-    from harnessrl.algorithms.reader import ReaderConfig
     from harnessrl.config import TrainConfig
-    from harnessrl.heads.reader import load_rows, role_stats, table_embed, word_embeddings
+    from harnessrl.heads.reader import load_rows, network_config, role_stats, table_embed
 
-    cfg, texts_dir, encoder = TrainConfig(), str(packed / "_texts"), str(packed / "encoder")
+    cfg = TrainConfig(reader={"tokens": tokens}, **({"precision": "bfloat16"} if bf16 else {}))
+    texts_dir, encoder = str(packed / "_texts"), str(packed / "encoder")
     r, embed = cfg.reader, table_embed(texts_dir)
     dim = int(embed([table.column("action_text")[0].as_py()]).shape[1])
     feats = np.asarray(table.column("features").to_pylist(), np.float32)
     feature_dim = feats.shape[1] if cfg.features and feats.ndim == 2 else 0
-    network = ReaderConfig(sem_dim=dim, word_dim=int(word_embeddings(encoder).shape[1]) if tokens else dim,
-                           dim=r.dim, conv_layers=r.conv_layers, segment_tokens=r.segment_tokens,
-                           hidden_dim=cfg.hidden_dim, semantic=r.semantic, tokens=tokens, match=r.match,
-                           dueling=r.dueling, value_target=r.value_target, gamma=cfg.gamma, expectile=cfg.expectile,
-                           polyak=cfg.polyak, lr=r.lr, alpha=cfg.alpha, feature_dim=feature_dim, bf16=bf16)
+    network = network_config(cfg, dim, encoder, feature_dim)
     mean, std = role_stats((load_rows([table.slice(i, 8192)]) for i in range(0, table.num_rows, 8192)), embed, dim)
     return {"network": network.to_dict(), "encoder_name": encoder, "texts_dir": texts_dir,
             "role_stats": {"mean": mean.tolist(), "std": std.tolist()},

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from harnessrl.algorithms.iql import autocast, fp32, iql_objective, make_adam, mlp, standardised
+from harnessrl.algorithms.iql import autocast, fp32, iql_objective, make_adam, mlp, run_device, standardised
 
 TRUNK_DIR = "trunk"  # in a critic folder: the trunk's config.json and tokenizer files (weights are in the critic's)
 
@@ -167,7 +167,7 @@ def load_cross_network(directory: str | Path, cfg: CrossConfig, weights: dict[st
     path = Path(directory) / TRUNK_DIR
     net = CrossIQLNetwork(cfg, shape_trunk(AutoModel.from_config(AutoConfig.from_pretrained(path))))
     net.load_state_dict(weights)
-    net.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    net.to(run_device(device))
     return CrossScorer(net.eval(), AutoTokenizer.from_pretrained(path), cfg.max_length)
 
 

@@ -193,6 +193,11 @@ def make_adam(params, lr: float) -> torch.optim.Optimizer:
         return torch.optim.Adam(params, lr=lr)
 
 
+def run_device(device: str | None = None) -> str:
+    """`device`, else a GPU when one is visible (as sentence-transformers places the encoder)."""
+    return device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def autocast(enabled: bool, device: torch.device):
     """bfloat16 autocast for the forward passes when enabled (losses are taken in float32)."""
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=enabled)

@@ -311,21 +311,29 @@ class ReaderScorer(Scorer):
         return q, vs[0], vs[1]
 
 
+def network_config(cfg, dim: int, encoder_name: str, feature_dim: int):
+    """The ReaderConfig of a TrainConfig `cfg`, for sentence vectors of `dim` and `feature_dim`
+    history features (the token path's word size read from the encoder's table)."""
+    from harnessrl.algorithms.reader import ReaderConfig
+
+    r = cfg.reader
+    return ReaderConfig(sem_dim=dim, word_dim=int(word_embeddings(encoder_name).shape[1]) if r.tokens else dim,
+                        dim=r.dim, conv_layers=r.conv_layers, segment_tokens=r.segment_tokens,
+                        hidden_dim=cfg.hidden_dim, semantic=r.semantic, tokens=r.tokens, match=r.match,
+                        dueling=r.dueling, value_target=r.value_target, gamma=cfg.gamma, expectile=cfg.expectile,
+                        polyak=cfg.polyak, lr=r.lr, alpha=cfg.alpha, feature_dim=feature_dim,
+                        bf16=cfg.precision == "bfloat16")
+
+
 class ReaderHead(Head):
     kind = "reader"
 
     def loop_config(self, cfg, data: DriverData) -> dict[str, Any]:
         from harnessrl import storage
-        from harnessrl.algorithms.reader import ReaderConfig
 
         r = cfg.reader
         dim = data.stats.dim
-        word_dim = int(word_embeddings(data.encoder_name).shape[1]) if r.tokens else dim
-        network = ReaderConfig(sem_dim=dim, word_dim=word_dim, dim=r.dim, conv_layers=r.conv_layers,
-                               segment_tokens=r.segment_tokens, hidden_dim=cfg.hidden_dim, semantic=r.semantic,
-                               tokens=r.tokens, match=r.match, dueling=r.dueling, value_target=r.value_target, gamma=cfg.gamma,
-                               expectile=cfg.expectile, polyak=cfg.polyak, lr=r.lr, alpha=cfg.alpha,
-                               feature_dim=data.feature_dim, bf16=cfg.precision == "bfloat16")
+        network = network_config(cfg, dim, data.encoder_name, data.feature_dim)
         texts_dir = storage.join(data.encoded_dir, "_texts")
         stats = None
         if r.semantic:
@@ -468,6 +476,7 @@ class ReaderHead(Head):
         save_weights(scorer.net, f"{directory}/{WEIGHTS}")
 
     def load(self, directory, card, device=None) -> ReaderScorer:
+        from harnessrl.algorithms.iql import run_device
         from harnessrl.algorithms.reader import VERSION, ReaderConfig, ReaderNetwork
         from harnessrl.errors import ModelError
         from harnessrl.model_files import WEIGHTS, load_weights
@@ -475,10 +484,8 @@ class ReaderHead(Head):
         if card.head_config.get("version") != VERSION:
             raise ModelError(f"critic {directory}: a reader network of version {card.head_config.get('version', 1)}; "
                              f"this release reads version {VERSION}: train it again")
-        import torch
-
         cfg = ReaderConfig(**card.head_config)
         net = ReaderNetwork(cfg)
         load_weights(net, f"{directory}/{WEIGHTS}")
-        net.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        net.to(run_device(device))
         return ReaderScorer(net, _inputs(cfg, card.identity.model_name, None))
