@@ -246,7 +246,7 @@ def episode(engine, family: str, fold: str, seed: int, max_steps: int, expert: E
         score = new_score
         actions.append(action)
         obs = str(new_obs)
-        history.append({"action": action, "observation": obs})
+        history.append({"action": action, "observation": obs, "status": score})  # the game's score, as logged
         if done:
             break
     return {"family": family, "fold": fold, "seed": seed, "success": bool(info["tasksuccess"]), "steps": len(actions),

@@ -15,6 +15,9 @@ class HistoryItem(BaseModel):
     model_config = ConfigDict(extra="forbid")
     action: str
     observation: str = Field("", description="what the action returned")
+    status: str | float | None = Field(None, description="the source's status after the action, e.g. a game's "
+                                                         "score: what the logs' step info holds at the model's "
+                                                         "render.status_from")
 
 
 class StructuredState(BaseModel):

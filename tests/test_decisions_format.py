@@ -13,7 +13,8 @@ def _decision(i, agent, history, best=0, task="find the coin"):
     return {"decision_id": f"d{i}", "agent_id": agent, "logged_at": float(i), "best_index": best,
             "candidates": [f"act {i}", "look"], "scores": [1.0, 0.5],
             "state": {"task": task, "observation": f"obs {i}",
-                      "history": [{"action": f"act {j}", "observation": f"res {j}"} for j in history]}}
+                      "history": [{"action": f"act {j}", "observation": f"res {j}", "status": j * 0.5}
+                                  for j in history]}}
 
 
 def test_grouping_results_outcome_and_bad_lines(tmp_path):
@@ -38,6 +39,10 @@ def test_grouping_results_outcome_and_bad_lines(tmp_path):
     assert first.episode["outcome_success"] is True and first.episode["task_text"] == "find the coin"
     assert by_id["decisions:d3"].episode["outcome_success"] is None
     assert json.loads(first.steps[0]["info"])["decision_id"] == "d0"
+    # the status a request's history gave after each action is the step's, and the state reads it again
+    assert [json.loads(s["info"]).get("status") for s in first.steps] == [0.0, 0.5, None]
+    from harnessrl.transitions import _status
+    assert [_status(s["info"], "score") for s in first.steps] == ["0", "0.5", ""]
 
 
 def test_feedback_with_a_non_finite_score_is_quarantined(tmp_path):

@@ -4,6 +4,8 @@ segments and history features."""
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 import pytest
 
@@ -65,6 +67,44 @@ def test_details_read_the_observations_lines_and_sentences_apart():
     assert [r for r, _, _ in without_history(with_history)] == ["task", "observation"] + ["detail"] * 4
 
 
+def test_the_sources_status_is_a_segment_and_marks_each_result_with_how_it_moved():
+    """A game's score after each action: the latest as the `status` segment, and each earlier result
+    says whether its action raised or lowered it (the take-back loop of a text game: a placement that
+    lowered the score is undone, one that raised it is not)."""
+    history = [Turn("take coat", "You take the coat.", "0"), Turn("put coat in sofa", "You put the coat in the sofa.",
+                                                                  "-0.1667"),
+               Turn("take coat", "You take the coat again.", "0"), Turn("put coat in hanger", "Done.", "0.1667")]
+    segs = state_segments("Tidy up.", history, "You are in the hall.")
+    assert _roles(segs) == ["task", "observation", "last", "status", "result", "result", "result", "result", "actions"]
+    assert segs[3] == Segment("status", 0, "score: 0.1667, up after the last action")
+    results = {s.age: s.text for s in segs if s.role == "result"}
+    assert results == {1: "put coat in hanger: Done. [score up]", 2: "take coat: You take the coat again. [score up]",
+                       3: "put coat in sofa: You put the coat in the sofa. [score down]",
+                       4: "take coat: You take the coat."}  # the first turn has nothing to compare with
+    # the status stays when the history is dropped (what an agent sees now); off, or a source without one
+    from harnessrl.heads.reader_inputs import without_history
+    assert [r for r, _, _ in without_history([(s.role, s.age, s.text) for s in segs])] == \
+        ["task", "observation", "status"]
+    off = state_segments("Tidy up.", history, "You are in the hall.", RenderConfig(status_from=None))
+    assert "status" not in _roles(off) and "[score" not in " ".join(s.text for s in off)
+    plain = [Turn(t.action, t.result) for t in history]
+    assert state_segments("Tidy up.", plain, "You are in the hall.") == \
+        state_segments("Tidy up.", plain, "You are in the hall.", RenderConfig(status_from=None))
+    # text statuses are shown as they are, without a direction
+    worded = state_segments("t", [Turn("run tests", "ok", "3 failing"), Turn("fix", "ok", "all passing")], "o",
+                            RenderConfig(status_from="tests"))
+    assert Segment("status", 0, "tests: all passing") in worded and "[tests" not in " ".join(s.text for s in worded)
+
+
+def test_the_apis_history_items_carry_the_status():
+    from serving.api import StructuredState
+
+    state = StructuredState.model_validate({"task": "t", "observation": "o", "history": [
+        {"action": "a", "observation": "x", "status": 1}, {"action": "b", "observation": "y", "status": 0.5}]})
+    assert Segment("status", 0, "score: 0.5, down after the last action") in Renderer().parse(state.model_dump()).segments
+    assert StructuredState.model_validate({"history": [{"action": "a"}]}).model_dump()["history"][0]["status"] is None
+
+
 def test_a_rendered_text_request_is_its_one_segment():
     parsed = Renderer().parse("Task: t\nNow: o")
     assert parsed.segments == (Segment("text", 0, "Task: t\nNow: o"),) and "text" in EMBEDDED_ROLES
@@ -75,15 +115,18 @@ OBS = ["You are in the hall.", "Ingredients: red potato.\nDirections: dice it. F
        "You are in the kitchen. A fridge is here.",
        "You take the knife."]
 ACTIONS = ["read cookbook", "take knife", "move east", "take knife", "eat meal"]
+SCORES = [0, 1, None, 0.5, 2]  # the game's score after each step (the third step's info has none)
 
 
 @pytest.mark.parametrize("settings", [{}, {"memory_results": 1, "memory_newest": 0, "memory_actions": False},
-                                      {"tool_from": "first_word", "window": 1}, {"details": 3}])
+                                      {"tool_from": "first_word", "window": 1}, {"details": 3},
+                                      {"status_from": None}])
 def test_serving_rebuilds_the_segments_and_features_training_saw(settings):
     episode = {"episode_id": "e", "task_id": "t", "group_id": "g", "task_text": "Cook a meal.", "terminated": True,
                "outcome_success": True, "tool_definitions": "[]"}
     steps = [{"episode_id": "e", "step_idx": i, "obs_text": OBS[i], "action_text": a,
-              "candidates": [a, "look", "inventory"], "terminated": i == len(ACTIONS) - 1}
+              "candidates": [a, "look", "inventory"], "terminated": i == len(ACTIONS) - 1,
+              "info": json.dumps({"score": SCORES[i]} if SCORES[i] is not None else {})}
              for i, a in enumerate(ACTIONS)]
     renderer = Renderer(RenderConfig(**settings))
     rows = episode_transitions(episode, steps, RewardRecipe(), renderer)
@@ -91,11 +134,17 @@ def test_serving_rebuilds_the_segments_and_features_training_saw(settings):
                          schema=schemas.TRANSITIONS)  # the table's schema holds them
     for t, row in enumerate(rows):
         request = {"task": "Cook a meal.", "observation": OBS[t],
-                   "history": [{"action": ACTIONS[i], "observation": OBS[i + 1]} for i in range(t)]}
+                   "history": [{"action": ACTIONS[i], "observation": OBS[i + 1], "status": SCORES[i]}
+                               for i in range(t)]}
         parsed = renderer.parse(request)
         assert [{"role": s.role, "age": s.age, "text": s.text} for s in parsed.segments] == row["state_segments"]
         assert renderer.features(parsed.history, parsed.observation, [ACTIONS[t]])[0] == row["features"]
         if t + 1 < len(rows):
             assert row["next_state_segments"] == rows[t + 1]["state_segments"]
+    if settings.get("status_from", "score"):  # the logged score after each step is the state's status
+        assert any({"role": "status", "age": 0, "text": "score: 1, up after the last action"} in r["state_segments"]
+                   for r in rows)
+    else:
+        assert not any(s["role"] == "status" for r in rows for s in r["state_segments"])
     if settings.get("details"):  # the observations of several sentences are read apart, in training and serving
         assert sum(s["role"] == "detail" for r in rows for s in r["state_segments"]) == 5

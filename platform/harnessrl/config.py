@@ -67,6 +67,11 @@ class RenderConfig(_Strict):
     details: int = Field(0, ge=0, le=64, description="the observation's lines and sentences also as segments of their "
                                                      "own (role `detail`), at most this many: a number, a recipe line "
                                                      "or an item read apart from the rest (0: off)")
+    status_from: str | None = Field(
+        "score", description="the field of a logged step's `info` (and of a request's history item, `status`) "
+                             "that holds the source's status after the action, e.g. a game's score: the state shows "
+                             "the latest as a `status` segment and marks each result with how the status moved "
+                             "(None: off; states whose source gives none are unchanged)")
 
 
 class EncoderConfig(_Strict):

@@ -24,6 +24,7 @@ from harnessrl.errors import ConfigError
 class Turn:
     action: str
     result: str
+    status: str = ""  # the source's status after the action (RenderConfig.status_from), "" when it gives none
 
 
 def _pinned(history: Sequence[Turn], observation: str, patterns: Sequence[str], task: str = "") -> list[str]:
@@ -136,8 +137,9 @@ def state_segments(task: str, history: Sequence[Turn], observation: str, cfg: Re
     `details`, its lines and sentences one by one), the last action, every
     distinct earlier result the episode produced that is not shown already (within
     `memory_results`: the `memory_newest` newest, then the longest of the rest, so a recipe or a map
-    read long ago stays; no configured pin list), and the actions taken with their counts. Empty
-    pieces are left out; each is cut at `segment_chars`."""
+    read long ago stays; no configured pin list), and the actions taken with their counts. Where the
+    turns carry the source's status (`status_from`), the latest is a segment and each result says how
+    its action moved it. Empty pieces are left out; each is cut at `segment_chars`."""
     cut = cfg.segment_chars
 
     def seg(role: str, age: int, text: str) -> Segment:
@@ -148,19 +150,47 @@ def state_segments(task: str, history: Sequence[Turn], observation: str, cfg: Re
     out += [seg("detail", 0, part) for part in details(observation, cfg.details)]
     if history:
         out.append(seg("last", 1, history[-1].action))
+    moved = _moves(history) if cfg.status_from else [""] * len(history)
+    if cfg.status_from and history and history[-1].status:
+        out.append(seg("status", 0, f"{cfg.status_from}: {history[-1].status}"
+                                    + (f", {moved[-1]} after the last action" if moved[-1] else "")))
     shown = {task.strip(), observation.strip(), ""}
     found = []
-    for age, turn in enumerate(reversed(history), start=1):
+    for age, (turn, move) in enumerate(zip(reversed(history), reversed(moved)), start=1):
         result = turn.result.strip()
         if result not in shown:
             shown.add(result)
-            found.append((age, turn.action.strip(), result))
+            found.append((age, turn.action.strip(), result + (f" [{cfg.status_from} {move}]" if move else "")))
     keep = found[: cfg.memory_newest] + sorted(found[cfg.memory_newest:], key=lambda x: (-len(x[2]), x[0]))[
         : max(0, cfg.memory_results - cfg.memory_newest)]
     out += [seg("result", age, f"{action}: {result}") for age, action, result in sorted(keep)[: cfg.memory_results]]
     if cfg.memory_actions and history:
         out.append(seg("actions", 0, _done(history)[0][len("Done: "):]))
     return tuple(s for s in out if s.text)
+
+
+def status_value(value: Any) -> str:
+    """A status as the segments write it: numbers to 4 significant digits, text stripped; "" for none."""
+    if value is None or isinstance(value, (dict, list)):
+        return ""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{float(value):.4g}"
+    return str(value).strip()
+
+
+def _moves(history: Sequence[Turn]) -> list[str]:
+    """Per turn, how its action moved a numeric status: up, down or unchanged ("" where the turn or the
+    one before it gives none: the first turn has nothing to compare with)."""
+    out, before = [], None
+    for turn in history:
+        try:
+            now = float(turn.status) if turn.status else None
+        except ValueError:
+            now = None
+        out.append("" if now is None or before is None else
+                   "up" if now > before else "down" if now < before else "unchanged")
+        before = now
+    return out
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
@@ -215,7 +245,8 @@ class Renderer:
         if not isinstance(state, dict):
             raise ConfigError("state must be a string or an object with task/history/observation")
         history = tuple(
-            Turn(str(h.get("action", "")), str(h.get("observation", h.get("result", ""))))
+            Turn(str(h.get("action", "")), str(h.get("observation", h.get("result", ""))),
+                 status_value(h.get("status")))
             for h in state.get("history") or []
         )
         observation, task = str(state.get("observation", "")), str(state.get("task", ""))

@@ -5,11 +5,12 @@ Pure and per-episode, so the pipeline can run it in parallel over episode groups
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from harnessrl.encoders import text_hash
 from harnessrl.features import defined_tools
-from harnessrl.render import Renderer, Turn
+from harnessrl.render import Renderer, Turn, status_value
 from harnessrl.rewards import RewardRecipe
 
 
@@ -37,7 +38,8 @@ def episode_transitions(
     results = [
         s.get("result_text") or (steps[t + 1].get("obs_text") or "" if t + 1 < n else "") for t, s in enumerate(steps)
     ]
-    turns = [Turn(s["action_text"], results[t]) for t, s in enumerate(steps)]
+    turns = [Turn(s["action_text"], results[t], _status(s.get("info"), renderer.cfg.status_from)) for t, s in
+             enumerate(steps)]
     # Rewards per kept step: a safety stop ends the episode at its step (done), later steps are dropped.
     defined = defined_tools(episode.get("tool_definitions"))
     scored = recipe.evaluate(episode, steps)
@@ -73,6 +75,19 @@ def episode_transitions(
             }
         )
     return out
+
+
+def _status(info: str | dict | None, key: str | None) -> str:
+    """The source's status after a step: `key` of its info (a JSON object in the steps table), else its
+    `status` (what a request's history item calls it: decision logs turned into logs keep it there)."""
+    if not key or not info:
+        return ""
+    if isinstance(info, str):
+        try:
+            info = json.loads(info)
+        except ValueError:
+            return ""
+    return status_value(info.get(key, info.get("status"))) if isinstance(info, dict) else ""
 
 
 def _segments(segments) -> list[dict[str, Any]]:

@@ -71,7 +71,8 @@ def _native(episode: list[dict], outcomes: dict[str, dict]) -> dict[str, Any]:
             "result": (nxt[-1].get("observation", "") if nxt else None),
             "candidates": d["candidates"],
             "info": {"decision_id": d["decision_id"], "scores": d.get("scores"), "model": d.get("model"),
-                     "fallback": d.get("fallback")},
+                     "fallback": d.get("fallback"),
+                     **({"status": nxt[-1]["status"]} if nxt and nxt[-1].get("status") is not None else {})},
         })
     record: dict[str, Any] = {"episode_id": f"decisions:{episode[0]['decision_id']}",
                               "task": _state(episode[0]).get("task", ""), "agent_name": episode[0].get("agent_id"),
