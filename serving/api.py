@@ -65,7 +65,8 @@ class ScoreRequest(BaseModel):
                     "null: the service's `prior_weight` setting")
 
     def state_value(self) -> str | dict:
-        return self.state if isinstance(self.state, str) else self.state.model_dump()
+        """The state as the client sent it (a history item without a status stays without one)."""
+        return self.state if isinstance(self.state, str) else self.state.model_dump(exclude_none=True)
 
     def candidate_texts(self) -> list[str]:
         return [c if isinstance(c, str) else c.text for c in self.candidates]
@@ -85,7 +86,7 @@ class SelectToolRequest(BaseModel):
     state: str | StructuredState = Field(description="rendered state text, or {task, history, observation}")
 
     def state_value(self) -> str | dict:
-        return self.state if isinstance(self.state, str) else self.state.model_dump()
+        return self.state if isinstance(self.state, str) else self.state.model_dump(exclude_none=True)
 
     def texts(self) -> list[tuple[str, str]]:
         return _state_texts(self.state)
