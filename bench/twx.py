@@ -12,6 +12,9 @@ Every scorer plays the same held-out seeds; at each step it gets the task, the h
   bc           behaviour cloning on all logs (in process, see bench/twx_bc.py)
   bc-success   BC on successful episodes only
   bc-careful   BC on careful-agent episodes only (ceiling check: cloning the best behaviour)
+  bc-expert    BC on the expert's action at every logged state that records one (`info.expert_action`,
+               as the benchmark logs do): what the same inputs allow when the labels also cover the
+               states the other agents reached (reader head only)
   expert       the generator's re-planning expert (gold agent)
   NAME+norepeat   a learned scorer (critic, bc*) under the `avoid_repeats` rule: it never takes an
                action again from the same observation while another is left (the critic through
@@ -64,7 +67,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 import twx_rerank as rerank  # noqa: E402  (bench/ is no package)
 
 ALL_SCORERS = ("critic", "mix", "careful", "mistaken", "flailing", "random", "bc", "bc-success", "bc-careful",
-               "expert")
+               "bc-expert", "expert")
+DEFAULT_SCORERS = tuple(s for s in ALL_SCORERS if s != "bc-expert")  # bc-expert needs labelled logs: asked by name
 REDUCED_SCORERS = ("critic", "mix", "random", "bc", "expert")
 NO_REPEAT = "+norepeat"  # suffix of a learned scorer played under the avoid_repeats rule
 DEFAULT_FAMILIES = ("coin", "sorting", "arithmetic", "mapreader", "twc", "peckingorder")
@@ -388,6 +392,9 @@ def build_bc(names: list[str], encoded_dir: str, episodes: dict[str, dict], step
 
     if head == "reader":
         return build_reader_bc(names, encoded_dir, episodes, steps, render_cfg, paths or {})
+    if "bc-expert" in names:
+        raise SystemExit("bc-expert learns on the reader head's inputs: give a reader critic (--model) or train one "
+                         "(the default head)")
     rows = load_rows(encoded_dir)
     model = load_bc_encoder(encoded_dir)
 
@@ -450,7 +457,12 @@ def build_reader_bc(names: list[str], encoded_dir: str, episodes: dict[str, dict
     encoder = read_identity(encoded_dir).model_name
     out, info = {}, {}
     for name in names:
-        chosen = [r for r, keep in zip(rows, keeps[name]) if keep]
+        if name == "bc-expert":  # every row with the expert's action among its candidates, labelled with it
+            chosen = [{**r, "gold": r["expert"]} for r in rows if r["expert"] is not None]
+            if not chosen:
+                raise SystemExit("bc-expert: no logged step records the expert's action (info.expert_action)")
+        else:
+            chosen = [r for r, keep in zip(rows, keeps[name]) if keep]
         net, inputs, info[name] = train_listwise_reader(chosen, train_embed, encoder, paths, steps)
         inputs.embed = live_embed
         out[name] = ReaderBCScorer(net, inputs, renderer)
@@ -700,7 +712,7 @@ def run(args: argparse.Namespace) -> dict:
     families = (_csv(args.families) if args.families
                 else list(REDUCED_FAMILIES if args.reduced else DEFAULT_FAMILIES))
     scorers = [] if "all-actions" not in protocols else \
-        _csv(args.scorers) if args.scorers else list(REDUCED_SCORERS if args.reduced else ALL_SCORERS)
+        _csv(args.scorers) if args.scorers else list(REDUCED_SCORERS if args.reduced else DEFAULT_SCORERS)
     tiers = _csv(args.tiers)
     n_seeds = args.seeds_per_family or (2 if args.reduced else 5)
     max_steps = args.max_steps or MAX_STEPS

@@ -122,16 +122,25 @@ def train_bc(rows: dict[str, Any], keep: np.ndarray, steps: int, seed: int = 0, 
 # ---- BC on the reader head's inputs (train.head: reader) ---------------------------------------
 def load_segment_rows(transitions_dir: str, max_candidates: int = 16) -> list[dict[str, Any]]:
     """Transition rows as the reader reads them: segments, and the taken action first among up to
-    `max_candidates` untaken candidates (the frozen BC's candidate set)."""
+    `max_candidates` untaken candidates (the frozen BC's candidate set); `expert`: the index there of
+    the expert's action the row's info records (harnessrl.evaluation.expert_action; appended when the
+    cut left it out), None when it records none or it is no candidate."""
     import pyarrow.dataset as pads
 
+    from harnessrl.evaluation import expert_action
     from harnessrl.transitions import untaken_candidates
 
     table = pads.dataset(transitions_dir, format="parquet").to_table(
-        columns=["episode_id", "state_segments", "action_text", "candidates"])
-    return [{"episode_id": r["episode_id"], "segments": [(s["role"], s["age"], s["text"]) for s in r["state_segments"]],
-             "candidates": [r["action_text"], *untaken_candidates(r["action_text"], r["candidates"], max_candidates)],
-             "gold": 0} for r in table.to_pylist()]
+        columns=["episode_id", "state_segments", "action_text", "candidates", "info"])
+    out = []
+    for r in table.to_pylist():
+        cands = [r["action_text"], *untaken_candidates(r["action_text"], r["candidates"], max_candidates)]
+        label = expert_action(r)
+        if label is not None and label not in cands and label in (r["candidates"] or ()):
+            cands.append(label)
+        out.append({"episode_id": r["episode_id"], "segments": [(s["role"], s["age"], s["text"]) for s in r["state_segments"]],
+                    "candidates": cands, "gold": 0, "expert": cands.index(label) if label in cands else None})
+    return out
 
 
 def train_listwise_reader(examples: list[dict[str, Any]], embed, encoder: str, paths: dict[str, bool], steps: int,
