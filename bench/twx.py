@@ -438,7 +438,7 @@ def build_reader_bc(names: list[str], encoded_dir: str, episodes: dict[str, dict
     from harnessrl.encoders import text_hash
     from harnessrl.heads.reader import _text_table
     from harnessrl.render import Renderer
-    from twx_bc import ReaderBCScorer, load_bc_encoder, load_segment_rows, train_listwise_reader
+    from twx_bc import ReaderBCScorer, expert_examples, load_bc_encoder, load_segment_rows, train_listwise_reader
 
     rows = load_segment_rows(str(Path(encoded_dir).parent / "transitions"))
     keeps = bc_filters(encoded_dir, [r["episode_id"] for r in rows], episodes)
@@ -467,8 +467,8 @@ def build_reader_bc(names: list[str], encoded_dir: str, episodes: dict[str, dict
     encoder = read_identity(encoded_dir).model_name
     out, info = {}, {}
     for name in names:
-        if name == "bc-expert":  # every row with the expert's action among its candidates, labelled with it
-            chosen = [{**r, "gold": r["expert"]} for r in rows if r["expert"] is not None]
+        if name == "bc-expert":
+            chosen = expert_examples(rows)
             if not chosen:
                 raise SystemExit("bc-expert: no logged step records the expert's action (info.expert_action)")
         else:

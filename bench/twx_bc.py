@@ -122,9 +122,9 @@ def train_bc(rows: dict[str, Any], keep: np.ndarray, steps: int, seed: int = 0, 
 # ---- BC on the reader head's inputs (train.head: reader) ---------------------------------------
 def load_segment_rows(transitions_dir: str, max_candidates: int = 16) -> list[dict[str, Any]]:
     """Transition rows as the reader reads them: segments, and the taken action first among up to
-    `max_candidates` untaken candidates (the frozen BC's candidate set); `expert`: the index there of
-    the expert's action the row's info records (harnessrl.evaluation.expert_action; appended when the
-    cut left it out), None when it records none or it is no candidate."""
+    `max_candidates` untaken candidates (the frozen BC's candidate set); `expert_action`: the expert's
+    action the row's info records (harnessrl.evaluation.expert_action) when it is one of the step's
+    candidates, else None."""
     import pyarrow.dataset as pads
 
     from harnessrl.evaluation import expert_action
@@ -134,12 +134,22 @@ def load_segment_rows(transitions_dir: str, max_candidates: int = 16) -> list[di
         columns=["episode_id", "state_segments", "action_text", "candidates", "info"])
     out = []
     for r in table.to_pylist():
-        cands = [r["action_text"], *untaken_candidates(r["action_text"], r["candidates"], max_candidates)]
         label = expert_action(r)
-        if label is not None and label not in cands and label in (r["candidates"] or ()):
-            cands.append(label)
         out.append({"episode_id": r["episode_id"], "segments": [(s["role"], s["age"], s["text"]) for s in r["state_segments"]],
-                    "candidates": cands, "gold": 0, "expert": cands.index(label) if label in cands else None})
+                    "candidates": [r["action_text"], *untaken_candidates(r["action_text"], r["candidates"], max_candidates)],
+                    "gold": 0, "expert_action": label if label in (r["action_text"], *(r["candidates"] or ())) else None})
+    return out
+
+
+def expert_examples(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`bc-expert`'s examples: the rows that record the expert's action, labelled with it (appended to
+    the candidates when the cut left it out)."""
+    out = []
+    for r in rows:
+        label = r["expert_action"]
+        if label is not None:
+            cands = r["candidates"] if label in r["candidates"] else [*r["candidates"], label]
+            out.append({**r, "candidates": cands, "gold": cands.index(label)})
     return out
 
 

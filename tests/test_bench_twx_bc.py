@@ -15,7 +15,7 @@ def _row(episode: str, action: str, candidates: list[str], info: dict | None) ->
             "action_text": action, "candidates": candidates, "info": json.dumps(info) if info is not None else None}
 
 
-def test_segment_rows_point_at_the_expert_action_and_keep_it_past_the_cut(tmp_path):
+def test_expert_examples_label_the_expert_action_and_keep_it_past_the_cut(tmp_path):
     twx_bc = import_bench("twx_bc")
     cands = ["go west", "go east", "take key", "open door", "look"]
     rows = [
@@ -27,11 +27,14 @@ def test_segment_rows_point_at_the_expert_action_and_keep_it_past_the_cut(tmp_pa
         _row("f", "go west", cands, None),
     ]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "part-0.parquet")
-    out = {r["episode_id"]: r for r in twx_bc.load_segment_rows(str(tmp_path), max_candidates=2)}
-    assert out["a"]["candidates"][out["a"]["expert"]] == "take key"
-    assert out["b"]["candidates"] == ["go west", "go east", "take key", "look"] and out["b"]["expert"] == 3
-    assert out["c"]["expert"] == 0
-    assert out["d"]["expert"] is None and out["e"]["expert"] is None and out["f"]["expert"] is None
-    # the taken action stays first, as the other BC scorers learn it
-    assert all(r["candidates"][0] == "go west" and r["gold"] == 0 for r in out.values())
-    assert out["a"]["segments"] == [("observation", 0, "obs of a")]
+    loaded = twx_bc.load_segment_rows(str(tmp_path), max_candidates=2)
+    by_id = {r["episode_id"]: r for r in loaded}
+    # the other BC scorers' rows are unchanged: the taken action first, the cut kept, gold 0
+    assert all(r["candidates"] == ["go west", "go east", "take key"] and r["gold"] == 0 for r in loaded)
+    assert by_id["a"]["segments"] == [("observation", 0, "obs of a")]
+    assert [by_id[e]["expert_action"] for e in "abcdef"] == ["take key", "look", "go west", None, None, None]
+    examples = {r["episode_id"]: r for r in twx_bc.expert_examples(loaded)}
+    assert sorted(examples) == ["a", "b", "c"]
+    assert examples["a"]["candidates"][examples["a"]["gold"]] == "take key"
+    assert examples["b"]["candidates"] == ["go west", "go east", "take key", "look"] and examples["b"]["gold"] == 3
+    assert examples["c"]["gold"] == 0
