@@ -435,14 +435,12 @@ def build_reader_bc(names: list[str], encoded_dir: str, episodes: dict[str, dict
                     paths: dict[str, bool]) -> dict:
     import numpy as np
 
-    from harnessrl.encoders import text_hash
-    from harnessrl.heads.reader import _text_table
+    from harnessrl.heads.reader import table_embed
     from harnessrl.render import Renderer
     from twx_bc import ReaderBCScorer, expert_examples, load_bc_encoder, load_segment_rows, train_listwise_reader
 
     rows = load_segment_rows(str(Path(encoded_dir).parent / "transitions"))
     keeps = bc_filters(encoded_dir, [r["episode_id"] for r in rows], episodes)
-    index, matrix = _text_table(str(Path(encoded_dir) / "_texts"))
     model = load_bc_encoder(encoded_dir)
     cache: dict[str, object] = {}
 
@@ -452,14 +450,9 @@ def build_reader_bc(names: list[str], encoded_dir: str, episodes: dict[str, dict
             cache.update(zip(missing, model.encode(missing, convert_to_numpy=True, show_progress_bar=False)))
         return np.stack([cache[t] for t in texts])
 
-    def train_embed(texts):  # the encoded data's vectors; the encoder's own for a text it lacks (an expert
-        # label past the encode stage's candidate cut)
-        at = [index.get(text_hash(t), -1) for t in texts]
-        out = matrix[np.maximum(at, 0)]
-        lacking = [i for i, r in enumerate(at) if r < 0]
-        if lacking:
-            out[lacking] = live_embed([texts[i] for i in lacking])
-        return out
+    # the encoded data's vectors; the encoder's own for a text it lacks (an expert label past the
+    # encode stage's candidate cut, bc-expert)
+    train_embed = table_embed(str(Path(encoded_dir) / "_texts"), missing=live_embed)
 
     renderer = Renderer(render_cfg)
     from harnessrl.encoded_data import read_identity

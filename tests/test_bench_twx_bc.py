@@ -6,6 +6,7 @@ import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from conftest import import_bench
 
@@ -38,3 +39,10 @@ def test_expert_examples_label_the_expert_action_and_keep_it_past_the_cut(tmp_pa
     assert examples["a"]["candidates"][examples["a"]["gold"]] == "take key"
     assert examples["b"]["candidates"] == ["go west", "go east", "take key", "look"] and examples["b"]["gold"] == 3
     assert examples["c"]["gold"] == 0
+
+
+def test_bc_expert_asks_for_the_reader_heads_inputs():
+    twx = import_bench("twx")
+    assert "bc-expert" in twx.ALL_SCORERS and "bc-expert" not in twx.DEFAULT_SCORERS  # opt-in: needs labelled logs
+    with pytest.raises(SystemExit, match="reader head"):
+        twx.build_bc(["bc", "bc-expert"], "/nonexistent/encoded", {}, 1, None, head="frozen")

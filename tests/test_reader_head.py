@@ -210,6 +210,33 @@ def _worker_shard(tmp_path) -> tuple[list[dict], str]:
     return rows, str(folder)
 
 
+def test_the_text_table_embeds_what_it_holds_and_refuses_or_hands_on_what_it_lacks(tmp_path):
+    import pyarrow.parquet as pq
+
+    from harnessrl.embedding_cache import emb_array
+    from harnessrl.encoders import text_hash
+    from harnessrl.errors import DataError
+    from harnessrl.heads.reader import table_embed
+
+    held = np.arange(12, dtype=np.float32).reshape(3, 4)
+    pq.write_table(pa.table({"text_hash": [text_hash(t) for t in ("a", "b", "c")], "emb": emb_array(held, "float32")}),
+                   tmp_path / "part-0.parquet")
+    np.testing.assert_array_equal(table_embed(str(tmp_path))(["c", "a"]), held[[2, 0]])
+    with pytest.raises(DataError, match="no embedding for 'x'"):
+        table_embed(str(tmp_path))(["a", "x"])
+    asked = []
+
+    def fallback(texts):
+        asked.append(list(texts))
+        return np.full((len(texts), 4), -1.0, np.float32)
+
+    out = table_embed(str(tmp_path), missing=fallback)(["x", "b", "y"])
+    assert asked == [["x", "y"]]  # only the texts the table lacks
+    np.testing.assert_array_equal(out, [[-1.0] * 4, held[1], [-1.0] * 4])
+    np.testing.assert_array_equal(table_embed(str(tmp_path), missing=fallback)(["b"]), held[[1]])
+    assert len(asked) == 1
+
+
 def test_role_statistics_streamed_in_parts_equal_those_of_the_whole():
     from harnessrl.algorithms.reader import ROLE_ID
     from harnessrl.heads.reader import load_rows, role_stats

@@ -112,20 +112,24 @@ def _text_table(texts_dir: str):
     return {h: i for i, h in enumerate(table.column("text_hash").to_pylist())}, matrix.astype(np.float32)
 
 
-def table_embed(texts_dir: str):
-    """texts -> (n, dim) sentence embeddings from the encoded dataset's `_texts` table."""
+def table_embed(texts_dir: str, missing=None):
+    """texts -> (n, dim) sentence embeddings from the encoded dataset's `_texts` table; a text it
+    lacks is an error, or embedded by `missing` (texts -> (m, dim)) when given."""
     from harnessrl.encoders import text_hash
 
     index, matrix = _text_table(texts_dir)
 
     def embed(texts: Sequence[str]) -> np.ndarray:
         rows = [index.get(text_hash(t), -1) for t in texts]
-        if rows and min(rows) < 0:
-            missing = next(t for t, r in zip(texts, rows) if r < 0)
-            raise DataError(f"the encoded data has no embedding for {missing[:80]!r}: the reader head needs the state "
-                            "segments embedded (encoder.segments: true, the default with train.head: reader); rerun "
-                            "the encode stage")
-        return matrix[rows]
+        lacking = [i for i, r in enumerate(rows) if r < 0]
+        if lacking and missing is None:
+            raise DataError(f"the encoded data has no embedding for {texts[lacking[0]][:80]!r}: the reader head needs "
+                            "the state segments embedded (encoder.segments: true, the default with train.head: "
+                            "reader); rerun the encode stage")
+        out = matrix[np.maximum(rows, 0)] if rows else matrix[:0]
+        if lacking:
+            out[lacking] = missing([texts[i] for i in lacking])
+        return out
 
     return embed
 
