@@ -69,6 +69,8 @@ class _Engine:
                 env.close()
             except Exception:  # pragma: no cover - best effort at shutdown
                 pass
+            # the env's __del__ closes again, writing to the stopped Java gateway (BrokenPipeError)
+            env.close = lambda: None
 
     def _replay(self, family: str, fold: str, seed: int, history: list[str]):
         params = FAMILY_PARAMS[family]
