@@ -1,7 +1,7 @@
 """How much of a TextWorldExpress result is the critic's training seed, and does an ensemble help?
 
-N critics that differ only in `train.seed` (the same logs, rendering and encoded data: the stage
-cache trains them one after another in one pipeline folder) play the all-actions protocol of
+N critics that differ only in `train.seed` (the same logs, rendering and encoded data: trained one
+after another in one pipeline folder, where the stage cache encodes once) play the all-actions protocol of
 bench/twx.py on its seeds, each alone and as an ensemble that ranks by the members' mean score
 (and mean minus their spread: a lower confidence bound), beside the behaviour mix. Offline, on the
 held-out test logs' steps with an expert action: each member's and the ensemble's top-1, and how
@@ -67,9 +67,6 @@ class EnsembleScorer:
         repeats = repeats_here(parsed.history, parsed.observation, candidates) if avoid_repeats else None
         d = self.critics[0].decide_scores(mean.tolist(), far, repeats, ranking.tolist())
         return {"best_index": d.best_index, "fallback": d.fallback, "scores": ranking.tolist(), "ood": d.ood}
-
-    def close(self) -> None:
-        pass
 
 
 def gold_rows(heldout_dir: Path, limit: int) -> list[dict]:
