@@ -50,13 +50,10 @@ class EnsembleScorer:
 
         request = ScoreRequest(agent_id="twx-seeds", state=state, candidates=candidates)
         batch = [(request.state_value(), request.candidate_texts())]
-        scores, first = [], None
-        for critic in self.critics:
-            prep = critic.prepare(batch)
-            (s,), (far,) = critic.score_prepared(prep, ood=True)
-            scores.append(s)
-            first = first or (far, prep.parsed[0])
-        return np.asarray(scores, dtype=np.float64), first[0], first[1]
+        preps = [critic.prepare(batch) for critic in self.critics]  # each member renders as it was trained
+        scored = [critic.score_prepared(prep, ood=True) for critic, prep in zip(self.critics, preps)]
+        scores = np.asarray([s for (s,), _ in scored], dtype=np.float64)
+        return scores, scored[0][1][0], preps[0].parsed[0]  # the first member's OOD flag and parsed state
 
     def score(self, state: dict, candidates: list[str], avoid_repeats: bool = False) -> dict:
         from harnessrl.features import repeats_here
@@ -80,15 +77,9 @@ def gold_rows(heldout_dir: Path, limit: int) -> list[dict]:
 
 def offline(critics: Sequence, rows: list[dict]) -> dict[str, Any]:
     """Expert top-1 per member and for the mean ensemble, and the members' pairwise agreement."""
-    per = []
-    for critic in critics:
-        out: list[list[float]] = []
-        for i in range(0, len(rows), 64):
-            part = rows[i:i + 64]
-            feats = [r.get("features") for r in part]
-            out += critic.score_batch([(r.get("state") or r["state_text"], r["candidates"]) for r in part],
-                                      features=feats if all(f is not None for f in feats) else None)
-        per.append(out)
+    from harnessrl.evaluation import score_rows
+
+    per = [score_rows(critic, rows) for critic in critics]
     choice = [[int(np.argmax(s)) for s in member] for member in per]
     mean_choice = [int(np.argmax(np.mean([np.asarray(m[i]) for m in per], 0))) for i in range(len(rows))]
 
@@ -172,8 +163,8 @@ def run(args: argparse.Namespace) -> dict:
     t0 = time.time()
     heldout = work / "pipeline" / "heldout" / "transitions"
     off = offline(critics, gold_rows(heldout, args.heldout_steps)) if heldout.exists() else None
-    timings["offline"] = time.time() - t0
     if off:
+        timings["offline"] = time.time() - t0
         print(f"[twx-seeds] offline top-1 on {off['steps']} test-log steps: members "
               f"{', '.join(f'{x:.3f}' for x in off['member_top1'])}, mean ensemble {off['mean_top1']:.3f}; "
               f"agreement {off['agreement']}", flush=True)

@@ -83,17 +83,24 @@ def smoke_rows(transitions: list[dict[str, Any]], gold: list[dict[str, Any]], n:
     return pool[::max(1, len(pool) // n)][:n]
 
 
-def gold_top1(critic, rows: list[dict[str, Any]], chunk: int = 64) -> dict[str, float | None]:
-    """Gold and random top-1 over `rows`; both None (not measured) when there are none."""
-    hits, baseline = 0, 0.0
+def score_rows(critic, rows: list[dict[str, Any]], chunk: int = 64) -> list[list[float]]:
+    """The critic's scores of each row's candidates, `chunk` rows per batch (with the rows' logged
+    history features when every row has them)."""
+    out: list[list[float]] = []
     for i in range(0, len(rows), chunk):
         part = rows[i:i + chunk]
         features = [r.get("features") for r in part]
-        scored = critic.score_batch([(r.get("state") or r["state_text"], r["candidates"]) for r in part],
-                                    features=features if all(f is not None for f in features) else None)
-        for row, scores in zip(part, scored):
-            best = max(range(len(scores)), key=scores.__getitem__)
-            hits += row["candidates"][best] == row["expert"]
-            baseline += 1.0 / len(row["candidates"])
+        out += critic.score_batch([(r.get("state") or r["state_text"], r["candidates"]) for r in part],
+                                  features=features if all(f is not None for f in features) else None)
+    return out
+
+
+def gold_top1(critic, rows: list[dict[str, Any]], chunk: int = 64) -> dict[str, float | None]:
+    """Gold and random top-1 over `rows`; both None (not measured) when there are none."""
+    hits, baseline = 0, 0.0
+    for row, scores in zip(rows, score_rows(critic, rows, chunk)):
+        best = max(range(len(scores)), key=scores.__getitem__)
+        hits += row["candidates"][best] == row["expert"]
+        baseline += 1.0 / len(row["candidates"])
     n = len(rows)
     return {"steps": n, "gold_top1": hits / n if n else None, "random_top1": baseline / n if n else None}
