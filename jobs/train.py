@@ -310,11 +310,13 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
                       vectors=vectors, encoded_dir=encoded_dir)
     head_config = head.loop_config(cfg, data)
     steps = resolve_steps(cfg, stats.rows, head_config.get("batch_size", cfg.batch_size))
-    datasets = {"train": ds}
+    datasets, val_rows = {"train": ds}, 0
     fraction = validation_fraction(cfg, ds)
     if fraction > 0:
         datasets = split_validation(ds, fraction, cfg.seed)
-        data.calibration = datasets["val"]
+        data.calibration, data.train = datasets["val"], datasets["train"]
+        val_rows = datasets["val"].count()
+        data.train_rows = stats.rows - val_rows
     use_gpu = cfg.gpus_per_worker > 0
     resources = {"CPU": cfg.cpus_per_worker, **({"GPU": cfg.gpus_per_worker} if use_gpu else {})}
     loop_config = {
@@ -325,7 +327,7 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
         "tracking_uri": settings.tracking_uri(), "validation": "val" in datasets, "patience": cfg.patience,
         # the vector table, shared through the object store: a node's workers read one copy, zero-copy
         "vectors": ray.put(vectors) if vectors is not None else None,
-        "val_rows": datasets["val"].count() if "val" in datasets else 0, "shuffle_buffer": cfg.shuffle_buffer,
+        "val_rows": val_rows, "shuffle_buffer": cfg.shuffle_buffer,
         "replay": cfg.replay,
     }
     tool_head = head_config.get("tool_head")

@@ -66,11 +66,24 @@ def service(pipeline_run):
     serving.stop()
 
 
-def _training_states(run) -> list[str]:
+def _held_out(run) -> tuple[dict[str, bool], float]:
+    """(state text -> in a held-out task group only, the share held out): the train job's split of the
+    run (train.validation_fraction unset: 0.1 of the task groups, seed 0), recomputed."""
     import pyarrow.dataset as pads
 
-    return pads.dataset(f"{run['output_dir']}/transitions", format="parquet").to_table(
-        columns=["state_text"]).column("state_text").to_pylist()
+    from harnessrl.metrics import split_by_group
+
+    rows = pads.dataset(f"{run['output_dir']}/transitions", format="parquet").to_table(
+        columns=["group_id", "state_text"]).to_pylist()
+    groups = sorted({str(r["group_id"]) for r in rows})
+    assert len(groups) >= 10  # so the train job held some out
+    held = {g for g, h in zip(groups, split_by_group(groups, 0.1, 0)[1]) if h}
+    seen = {r["state_text"] for r in rows if str(r["group_id"]) not in held}
+    return {r["state_text"]: r["state_text"] not in seen for r in rows}, len(held) / len(groups)
+
+
+def _training_states(run) -> list[str]:
+    return [text for text, held_only in _held_out(run)[0].items() if not held_only]
 
 
 def test_http_score_matches_python_api(service, pipeline_run):
@@ -130,6 +143,27 @@ def test_http_model_and_health(service):
     assert info["encoder"]["dim"] == 384 and info["fallback_threshold"] is not None
     assert set(info["embedding_cache"]) == {"hits", "misses", "size"} and info["embedding_cache"]["misses"] > 0
     assert info["lineage"]["dataset_digests"]["encoded"].startswith("sha256:")
+
+
+def test_the_ood_reference_leaves_out_the_held_out_states_its_threshold_is_set_on(pipeline_run):
+    """The threshold is a high quantile of held-out task groups' distances to the reference: were those
+    states in the reference, each would find itself (distance 0), the threshold would fall to its floor,
+    and most states of new tasks from the same distribution would be flagged."""
+    from harnessrl import Critic
+    from harnessrl.metrics import nearest_cosine_distance
+    from harnessrl.ood import MIN_THRESHOLD
+
+    critic = Critic.load(f"models:/{MODEL}@champion")
+    reference, threshold = critic.ood_reference
+    states, share = _held_out(pipeline_run)
+    held_only = [text for text, h in states.items() if h]
+    trained = [text for text, h in states.items() if not h]
+    assert held_only and 0 < share < 0.5
+    far = nearest_cosine_distance(critic.encode(held_only), reference)
+    near = nearest_cosine_distance(critic.encode(trained[:200]), reference)
+    assert far.min() > 1e-3, far.min()  # none of them is in the reference (float16: itself is ~1e-4 away)
+    assert np.median(near) < 1e-3  # the training states are (the reference keeps them all at this size)
+    assert threshold > MIN_THRESHOLD and np.mean(far > threshold) <= 0.05
 
 
 def test_training_logs_critic_and_tool_head_metrics(pipeline_run):

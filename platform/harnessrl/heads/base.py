@@ -41,6 +41,14 @@ class DriverData:
     vectors: np.ndarray | None = None  # the distinct-text table the rows' references point into (None: copies)
     encoded_dir: str = ""  # the encoded dataset (its `_texts` table: every distinct text's embedding)
     calibration: Any = None  # held-out rows (task groups kept out of training): the thresholds are set on them
+    train: Any = None  # the rows trained on when some are held out (None: all of `ds`)
+    train_rows: int = 0  # their number
+
+    @property
+    def training(self) -> tuple[Any, int]:
+        """(rows trained on, their number): the OOD reference is drawn from these, never from the held-out
+        rows its threshold is set on (a probe that finds itself in the reference is at distance 0)."""
+        return (self.train, self.train_rows) if self.train is not None else (self.ds, self.n_rows)
 
     @property
     def calibration_rows(self):
@@ -68,12 +76,24 @@ class DriverData:
     def held_out_states(self) -> np.ndarray | None:
         """A seeded sample of the held-out rows' state vectors (the OOD threshold's probes); None
         without held-out rows or rendered-state vectors."""
-        from harnessrl.encoded_data import HELD_OUT_STATES, vectors_of
+        from harnessrl.encoded_data import HELD_OUT_STATES
 
         if self.calibration is None:
             return None
+        return self._state_vectors(self.calibration, self.calibration.count(), HELD_OUT_STATES)
+
+    def training_states(self) -> np.ndarray | None:
+        """A seeded sample of the training split's state vectors (the OOD reference) when rows are held
+        out; None otherwise (then every row is trained on and DataStats' sample of them serves)."""
+        from harnessrl.encoded_data import SAMPLE_STATES
+
+        return self._state_vectors(*self.training, SAMPLE_STATES) if self.train is not None else None
+
+    def _state_vectors(self, ds, n_rows: int, limit: int) -> np.ndarray | None:
+        from harnessrl.encoded_data import vectors_of
+
         parts = []
-        for b in self.sample(self.calibration, self.calibration.count(), HELD_OUT_STATES):
+        for b in self.sample(ds, n_rows, limit):
             v = vectors_of(b, "state_emb", self.vectors)
             if v is None:
                 return None

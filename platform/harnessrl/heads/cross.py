@@ -190,7 +190,8 @@ class CrossHead(Head):
         f = torch.from_numpy(ok["features"]) if data.feature_dim else None
         q = scorer.min_q(ok["state_text"], ok["action_text"], f).numpy()
         log.info("train: cross head exported (%s weights); fallback threshold from %d rows", prefix or "last", len(q))
-        return Exported(CrossHeadScorer(scorer), q, ood_held_out=data.held_out_states())
+        return Exported(CrossHeadScorer(scorer), q, ood_states=data.training_states(),
+                        ood_held_out=data.held_out_states())
 
     def save(self, directory, scorer: CrossHeadScorer) -> None:
         from harnessrl.algorithms.cross import save_trunk_files

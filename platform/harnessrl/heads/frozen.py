@@ -168,7 +168,8 @@ class FrozenHead(Head):
                 ok.append(arrays["outcome_success"])
         q = torch.cat(q).numpy() if q else np.zeros(0, np.float32)
         mask = successful_mask(np.concatenate(ok)) if ok else np.zeros(0, bool)
-        return Exported(FrozenScorer(net), q[mask], tools, ood_held_out=data.held_out_states())
+        return Exported(FrozenScorer(net), q[mask], tools, ood_states=data.training_states(),
+                        ood_held_out=data.held_out_states())
 
     def save(self, directory, scorer: FrozenScorer) -> None:
         from harnessrl.model_files import WEIGHTS, save_weights

@@ -470,7 +470,7 @@ class ReaderHead(Head):
                 found.update(state_text(_segs(row)) for row in b.column("state_segments").to_pylist())
             return lookup(sorted(found)) if found else None
 
-        return Exported(scorer, q, tools, ood_states=observations(data.ds, data.n_rows, SAMPLE_STATES),
+        return Exported(scorer, q, tools, ood_states=observations(*data.training, SAMPLE_STATES),
                         ood_held_out=observations(data.calibration, held_rows, HELD_OUT_STATES)
                         if data.calibration is not None else None)
 
