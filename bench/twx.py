@@ -98,6 +98,8 @@ def summarise(episodes: list[dict]) -> dict[str, Any]:
         "mean_steps_to_success": sum(won) / len(won) if won else None,
         "loop_rate": sum(e["loop"] for e in episodes) / n if n else 0.0,
         "fallback_rate": sum(e["fallbacks"] for e in episodes) / scored if scored else None,
+        "ood_rate": sum(flags) / len(flags) if (flags := [f for e in episodes for f in e.get("ood") or ()
+                                                           if f is not None]) else None,
     }
 
 
@@ -553,11 +555,12 @@ def table_rows(results: dict, overall_only: bool = False) -> list[list[str]]:
             continue
         rows.append([scorer, tier, family, str(m["episodes"]), _fmt(m["success"]),
                      f"[{m['ci95'][0]:.2f}, {m['ci95'][1]:.2f}]", _fmt(m["mean_steps_to_success"], ".1f"),
-                     _fmt(m["loop_rate"]), _fmt(m["fallback_rate"])])
+                     _fmt(m["loop_rate"]), _fmt(m["fallback_rate"]), _fmt(m.get("ood_rate"))])
     return rows
 
 
-HEADER = ["scorer", "tier", "family", "n", "success", "95% CI", "steps to success", "loop rate", "fallback rate"]
+HEADER = ["scorer", "tier", "family", "n", "success", "95% CI", "steps to success", "loop rate", "fallback rate",
+          "ood rate"]
 
 
 def text_table(rows: list[list[str]], header: list[str] = HEADER) -> str:

@@ -94,8 +94,13 @@ def test_table_invariants(bench):
                     assert m["mean_steps_to_success"] is None
                 if scorer == "expert":
                     assert m["success"] == 1.0
-                if scorer == "critic":
+                if scorer == "critic":  # the service's flags over the critic's decisions
                     assert m["fallback_rate"] is not None and 0.0 <= m["fallback_rate"] <= 1.0
+                    flags = [f for e in res["episodes"] if e["scorer"] == scorer and e["tier"] == tier
+                             and family in ("all", e["family"]) for f in e["ood"]]
+                    assert m["ood_rate"] == pytest.approx(sum(flags) / len(flags))
+                elif not scorer.startswith("critic"):
+                    assert m["ood_rate"] is None
     for e in res["episodes"]:
         assert 1 <= e["steps"] <= cfg["max_steps"]
         if e["scorer"] == "critic":
