@@ -37,3 +37,27 @@ def test_reference_round_trip(tmp_path):
     loaded, t = load_ood_reference(tmp_path, card)
     assert t == threshold and np.allclose(loaded, ref, atol=1e-2)
     assert load_ood_reference(tmp_path, card.model_copy(update={"ood": None})) is None
+
+
+def test_the_reference_is_drawn_from_the_rows_trained_on(ray_local):
+    """With task groups held out, the reference's states come from the training split only and the
+    threshold's probes from the held-out one; with nothing held out, every row is trained on."""
+    import pyarrow as pa
+    import ray
+
+    from harnessrl.heads.base import DriverData
+
+    vectors = np.eye(8, dtype=np.float32)  # state i is the i-th unit vector: which rows were drawn is readable
+
+    def rows(idx):
+        return ray.data.from_arrow(pa.table({"episode_id": [f"e{i}" for i in idx], "step_idx": [0] * len(idx),
+                                             "state_emb": pa.array([vectors[i].tolist() for i in idx],
+                                                                   pa.list_(pa.float32(), 8))}))
+
+    common = dict(ds=rows(range(8)), n_rows=8, feature_dim=0, feature_stats=None, reward_scale=1.0, encoder_name="t")
+    data = DriverData(**common, calibration=rows([6, 7]), train=rows(range(6)), train_rows=6)
+    assert data.training[1] == 6
+    assert sorted(data.training_states().argmax(1).tolist()) == [0, 1, 2, 3, 4, 5]
+    assert sorted(data.held_out_states().argmax(1).tolist()) == [6, 7]
+    whole = DriverData(**common)
+    assert whole.training == (whole.ds, 8) and whole.training_states() is None and whole.held_out_states() is None
