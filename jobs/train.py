@@ -15,6 +15,7 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -129,31 +130,34 @@ def _train_loop(config: dict[str, Any]) -> None:
             break
 
 
-def split_validation(ds, fraction: float, seed: int) -> dict[str, Any]:
-    """{"train", "val"}: the encoded rows split by task group (harnessrl.metrics.split_by_group), so
-    that no task is in both and the held-out score is that of unseen tasks."""
+def split_validation(ds, fraction: float, seed: int, group_rows: Mapping[str, int]) -> tuple[dict[str, Any], int]:
+    """({"train", "val"}, rows held out): the encoded rows split by task group
+    (harnessrl.metrics.split_by_group), so that no task is in both and the held-out score is that of
+    unseen tasks. `group_rows`: the rows of each group ("None" for rows without one), DataStats'."""
     import pyarrow.compute as pc
 
     from harnessrl.errors import DataError
     from harnessrl.metrics import split_by_group
 
-    groups = sorted(str(g) for g in ds.unique("group_id"))  # the split depends on the set of groups only
+    groups = sorted(group_rows)  # the split depends on the set of groups only
     _, held = split_by_group(groups, fraction, seed)
-    held_groups = pa.array([g for g, h in zip(groups, held) if h], pa.string())
-    if len(held_groups) == 0 or held.all():
+    held_groups = [g for g, h in zip(groups, held) if h]
+    if not held_groups or held.all():
         raise DataError(f"train.validation_fraction {fraction}: the data has {len(groups)} task group(s); "
                         "validation needs two or more (set validation_fraction: 0)")
+    value_set = pa.array(held_groups, pa.string())
 
     def part(batch: pa.Table, keep_held: bool) -> pa.Table:
-        mask = pc.is_in(pc.fill_null(pc.cast(batch["group_id"], pa.string()), "None"), value_set=held_groups)
+        mask = pc.is_in(pc.fill_null(pc.cast(batch["group_id"], pa.string()), "None"), value_set=value_set)
         return batch.filter(mask if keep_held else pc.invert(mask))
 
     # filtered as they are read, epoch after epoch: rows held in the object store are not held twice
     parts = {name: ds.map_batches(part, batch_format="pyarrow", fn_kwargs={"keep_held": name == "val"})
              for name in ("train", "val")}
+    val_rows = sum(group_rows[g] for g in held_groups)
     log.info("train: %d of %d task groups (%d of %d transitions) held out for validation", len(held_groups),
-             len(groups), parts["val"].count(), ds.count())
-    return parts
+             len(groups), val_rows, sum(group_rows.values()))
+    return parts, val_rows
 
 
 STORE_SHARE = 0.25  # rows: auto holds the encoded rows in the object store when they take at most this share of it
@@ -196,12 +200,11 @@ def read_rows(encoded_dir: str, where: str):
         return ray.data.read_parquet(data)
 
 
-def validation_fraction(cfg: TrainConfig, ds) -> float:
+def validation_fraction(cfg: TrainConfig, n_groups: int) -> float:
     """`train.validation_fraction`, or when unset 0.1 of the task groups if there are 10 or more."""
     if cfg.validation_fraction is not None:
         return cfg.validation_fraction
-    groups = ds.select_columns(["group_id"]).unique("group_id")
-    return 0.1 if len(groups) >= 10 else 0.0
+    return 0.1 if n_groups >= 10 else 0.0
 
 
 def resolve_steps(cfg: TrainConfig, rows: int, batch_size: int) -> int:
@@ -311,12 +314,11 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
     head_config = head.loop_config(cfg, data)
     steps = resolve_steps(cfg, stats.rows, head_config.get("batch_size", cfg.batch_size))
     datasets, val_rows = {"train": ds}, 0
-    fraction = validation_fraction(cfg, ds)
+    fraction = validation_fraction(cfg, len(stats.groups))
     if fraction > 0:
-        datasets = split_validation(ds, fraction, cfg.seed)
+        datasets, val_rows = split_validation(ds, fraction, cfg.seed, stats.groups)
         data.calibration, data.train = datasets["val"], datasets["train"]
-        val_rows = datasets["val"].count()
-        data.train_rows = stats.rows - val_rows
+        data.calibration_n, data.train_rows = val_rows, stats.rows - val_rows
     use_gpu = cfg.gpus_per_worker > 0
     resources = {"CPU": cfg.cpus_per_worker, **({"GPU": cfg.gpus_per_worker} if use_gpu else {})}
     loop_config = {

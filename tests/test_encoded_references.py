@@ -31,6 +31,7 @@ def _rows(n: int = 40, seed: int = 0) -> tuple[pa.Table, np.ndarray]:
     cands = [rng.integers(0, 25, int(x)).astype(np.int32).tolist() for x in k]
     table = pa.table({
         "episode_id": [f"e{i // 5}" for i in range(n)], "step_idx": [i % 5 for i in range(n)],
+        "group_id": [[f"g{i // 15}", None][i % 7 == 6] for i in range(n)],
         "state_ref": pa.array(rng.integers(0, 25, n), pa.int32()),
         "action_ref": pa.array(rng.integers(0, 25, n), pa.int32()),
         "next_state_ref": pa.array(rng.integers(0, 25, n), pa.int32()),
@@ -81,6 +82,7 @@ def test_one_streaming_pass_gives_the_whole_data_statistics():
     np.testing.assert_allclose(stats.feature_mean, whole["features"].mean(0), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(stats.feature_std, whole["features"].std(0), rtol=1e-4, atol=1e-6)
     assert stats.tools == Counter(table.column("tool").to_pylist())
+    assert stats.groups == Counter(str(g) for g in table.column("group_id").to_pylist())  # None counted as "None"
     assert stats.max_abs_reward == pytest.approx(np.abs(table.column("reward").to_numpy()).max())
     assert 40 < len(stats.states) < 200  # a sample, of the rows' own state vectors
     assert {tuple(v) for v in stats.states} <= {tuple(v) for v in whole["state_emb"]}

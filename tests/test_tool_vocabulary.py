@@ -6,13 +6,11 @@ from __future__ import annotations
 import json
 
 import pyarrow as pa
-import pyarrow.parquet as pq
-import pytest
 
 from harnessrl import schemas
 from harnessrl.config import TrainConfig
 from harnessrl.features import OTHER_TOOL, defined_tools, tool_ids, tool_vocabulary
-from harnessrl.heads.base import defined_tools_of, tool_head_config
+from harnessrl.heads.base import tool_head_config
 from harnessrl.rewards import RewardRecipe
 from harnessrl.transitions import episode_transitions
 
@@ -60,14 +58,13 @@ def test_head_is_trained_when_only_definitions_offer_a_second_tool():
     assert capped == ["b", OTHER_TOOL]
 
 
-@pytest.mark.integration
-def test_training_reads_defined_tools_from_the_dataset(ray_local, tmp_path):
-    import ray
+def test_training_reads_defined_tools_from_the_dataset():
+    from harnessrl.encoded_data import DataStats
 
-    rows = [{"episode_id": f"e{i}", "step_idx": 0, "tool": "search", "defined_tools": d}
-            for i, d in enumerate([["search", "edit"], [], None, ["read_file"]])]
-    pq.write_table(pa.Table.from_pylist(rows, schema=schemas.TRANSITIONS), tmp_path / "part.parquet")
-    assert defined_tools_of(ray.data.read_parquet(str(tmp_path))) == ["edit", "read_file", "search"]
-    old = pa.Table.from_pylist(rows, schema=schemas.TRANSITIONS).drop_columns(["defined_tools"])
-    pq.write_table(old, tmp_path / "old.parquet")
-    assert defined_tools_of(ray.data.read_parquet(str(tmp_path / "old.parquet"))) == []  # data from before
+    rows = [{"episode_id": f"e{i}", "step_idx": 0, "tool": "search", "defined_tools": d, "reward": 0.0,
+             "features": [0.0] * 5} for i, d in enumerate([["search", "edit"], [], None, ["read_file"]])]
+    table = pa.Table.from_pylist(rows, schema=schemas.TRANSITIONS)
+    # the driver's one pass over the rows, a batch at a time: tools defined in any batch count
+    assert DataStats([table.slice(0, 2), table.slice(2)], 4, None).defined_tools == ["edit", "read_file", "search"]
+    old = table.drop_columns(["defined_tools"])
+    assert DataStats([old], 4, None).defined_tools == []  # data from before

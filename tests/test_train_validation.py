@@ -70,17 +70,21 @@ def test_training_exports_the_best_checkpoint(encoded, work):
     import pyarrow.dataset as pads
     import ray
 
-    from harnessrl.encoded_data import load_arrays, vector_table
+    from harnessrl.encoded_data import DataStats, load_arrays, vector_table
     from harnessrl.jobs.train import split_validation, train
     from harnessrl.model_card import ModelCard
     from harnessrl.model_files import load_critic_files
 
     ds = ray.data.read_parquet(str(work["dir"] / "encoded" / "data")).materialize()
-    parts = split_validation(ds, 0.3, seed=0)
+    stats = DataStats(ds.iter_batches(batch_size=100, batch_format="pyarrow"), ds.count(), vector_table(
+        str(work["dir"] / "encoded")))
+    parts, val_rows = split_validation(ds, 0.3, 0, stats.groups)
     train_groups = set(parts["train"].select_columns(["group_id"]).to_pandas()["group_id"])
     val_groups = set(parts["val"].select_columns(["group_id"]).to_pandas()["group_id"])
     assert val_groups and train_groups and not train_groups & val_groups
-    assert parts["train"].count() + parts["val"].count() == ds.count()
+    assert train_groups | val_groups == set(stats.groups)
+    # the held-out count comes from DataStats' pass, not from a job of its own: it is the split's
+    assert parts["val"].count() == val_rows and parts["train"].count() + val_rows == ds.count()
 
     steps, every, patience = 400, 20, 3
     cfg = TrainConfig(head="frozen", steps=steps, batch_size=64, num_workers=1, cpus_per_worker=1, checkpoint_every=200,

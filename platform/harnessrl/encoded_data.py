@@ -18,6 +18,7 @@ import json
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from harnessrl import storage
 from harnessrl.encoders import ENCODER_KEY, EncoderIdentity
@@ -260,8 +261,10 @@ def sampled(batch: pa.Table, share: float, seed: int) -> pa.Table:
 
 class DataStats:
     """What the train job's driver needs of the whole dataset, from one pass a batch at a time: the
-    row count, the history features' mean and std, the tools called, the largest |reward| of a
-    step, the vector width and a sample of the training states' vectors (the OOD reference is drawn from it)."""
+    row count, the history features' mean and std, the tools called and those the episodes define,
+    the rows of each task group (the validation split's), the largest |reward| of a step, the vector
+    width and a sample of the training states' vectors (the OOD reference is drawn from it). One pass,
+    not one Ray Data job for each: on a small machine each job costs seconds to start."""
 
     def __init__(self, batches, n_rows: int, vectors: np.ndarray | None, seed: int = 0,
                  sample_states: int = SAMPLE_STATES):
@@ -271,6 +274,8 @@ class DataStats:
         self.rows, self.max_abs_reward = 0, 0.0
         self.dim = int(vectors.shape[1]) if vectors is not None else 0
         self.tools: Counter = Counter()
+        self.groups: Counter = Counter()  # rows per group_id, "None" for rows without one
+        defined: set[str] = set()
         total = squares = None
         states = []
         for b in batches:
@@ -278,6 +283,11 @@ class DataStats:
             f = _features(b.column("features")).astype(np.float64)
             total, squares = (f.sum(0), (f * f).sum(0)) if total is None else (total + f.sum(0), squares + (f * f).sum(0))
             self.tools.update(b.column("tool").to_pylist())
+            if "group_id" in b.column_names:
+                counts = pc.value_counts(pc.fill_null(pc.cast(b.column("group_id"), pa.string()), "None"))
+                self.groups.update(dict(zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist())))
+            if "defined_tools" in b.column_names:  # absent in data from before tools were recorded
+                defined.update(pc.unique(pc.list_flatten(b.column("defined_tools"))).to_pylist())
             rew = np.abs(b.column("reward").to_numpy(zero_copy_only=False))
             self.max_abs_reward = max(self.max_abs_reward, float(rew.max()) if len(rew) else 0.0)
             s = vectors_of(sampled(b, share, seed), "state_emb", vectors)
@@ -286,6 +296,7 @@ class DataStats:
             if not self.dim:  # copies: the width of the first batch's vectors
                 a = vectors_of(b.slice(0, 1), "action_emb", vectors)
                 self.dim = a.shape[1] if a is not None else 0
+        self.defined_tools = sorted(t for t in defined if t)
         n = max(self.rows, 1)
         self.feature_mean = total / n if total is not None else np.zeros(0)
         self.feature_std = np.sqrt(np.maximum(squares / n - self.feature_mean ** 2, 0)) if total is not None \

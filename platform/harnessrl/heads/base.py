@@ -41,6 +41,7 @@ class DriverData:
     vectors: np.ndarray | None = None  # the distinct-text table the rows' references point into (None: copies)
     encoded_dir: str = ""  # the encoded dataset (its `_texts` table: every distinct text's embedding)
     calibration: Any = None  # held-out rows (task groups kept out of training): the thresholds are set on them
+    calibration_n: int = 0  # their number
     train: Any = None  # the rows trained on when some are held out (None: all of `ds`)
     train_rows: int = 0  # their number
 
@@ -80,7 +81,7 @@ class DriverData:
 
         if self.calibration is None:
             return None
-        return self._state_vectors(self.calibration, self.calibration.count(), HELD_OUT_STATES)
+        return self._state_vectors(self.calibration, self.calibration_n, HELD_OUT_STATES)
 
     def training_states(self) -> np.ndarray | None:
         """A seeded sample of the training split's state vectors (the OOD reference) when rows are held
@@ -347,18 +348,6 @@ def shard_size(rows: dict) -> int:
     if n == 0:
         raise RuntimeError("a training worker got an empty shard")
     return n
-
-
-def defined_tools_of(ds) -> list[str]:
-    """Every tool the episodes define (the `defined_tools` column; absent in older data: none)."""
-    import pyarrow.compute as pc
-
-    if "defined_tools" not in ds.schema().names:
-        return []
-    found: set[str] = set()
-    for b in ds.select_columns(["defined_tools"]).iter_batches(batch_size=65536, batch_format="pyarrow"):
-        found.update(pc.unique(pc.list_flatten(b.column("defined_tools"))).to_pylist())
-    return sorted(t for t in found if t)
 
 
 def tool_head_config(cfg, tools: Iterable[str] | Counter, state_dim: int, defined: Sequence[str] = ()

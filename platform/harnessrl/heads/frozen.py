@@ -16,7 +16,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from harnessrl.errors import DataError
-from harnessrl.heads.base import (DriverData, Exported, Head, Learners, Scorer, Validation, WorkerSetup, defined_tools_of,
+from harnessrl.heads.base import (DriverData, Exported, Head, Learners, Scorer, Validation, WorkerSetup,
                                   exported_tool_head, successful_mask, tool_head_config)
 
 CHUNK = 8192  # rows per forward pass when scoring the whole dataset
@@ -106,7 +106,7 @@ class FrozenHead(Head):
                             hidden_dim=cfg.hidden_dim, gamma=cfg.gamma, expectile=cfg.expectile, polyak=cfg.polyak,
                             lr=cfg.lr, alpha=cfg.alpha, feature_dim=data.feature_dim,
                             bf16=cfg.precision == "bfloat16")
-        tool_head, vocab = tool_head_config(cfg, data.stats.tools, network.state_dim, defined_tools_of(data.ds))
+        tool_head, vocab = tool_head_config(cfg, data.stats.tools, network.state_dim, data.stats.defined_tools)
         return {"network": network.to_dict(), "tool_head": tool_head, "tool_vocab": vocab}
 
     def worker(self, config, shard: Iterable, val: Iterable | None, world: int, device, wrap=None) -> WorkerSetup:

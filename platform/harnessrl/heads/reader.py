@@ -22,7 +22,7 @@ import numpy as np
 
 from harnessrl.encoded_data import HELD_OUT_STATES, SAMPLE_STATES, sampled
 from harnessrl.errors import DataError
-from harnessrl.heads.base import (DriverData, Exported, Head, Learners, Scorer, Validation, WorkerSetup, defined_tools_of,
+from harnessrl.heads.base import (DriverData, Exported, Head, Learners, Scorer, Validation, WorkerSetup,
                                   exported_tool_head, shard_size, successful_mask, tool_head_config)
 from harnessrl.heads.reader_inputs import Inputs, Seg, Tokens, as_tensors, assemble, without_history
 from harnessrl.render import EMBEDDED_ROLES
@@ -346,7 +346,7 @@ class ReaderHead(Head):
             mean, std = role_stats(parts, table_embed(texts_dir), dim)
             stats = {"mean": mean.tolist(), "std": std.tolist()}
         # the tool head reads the embedding of the state's observation (Critic.state_text)
-        tool_head, vocab = tool_head_config(cfg, data.stats.tools, dim, defined_tools_of(data.ds))
+        tool_head, vocab = tool_head_config(cfg, data.stats.tools, dim, data.stats.defined_tools)
         return {"network": network.to_dict(), "encoder_name": data.encoder_name, "texts_dir": texts_dir,
                 "role_stats": stats, "batch_size": r.batch_size, "history_dropout": r.history_dropout,
                 "penalty_on": r.penalty_on, "tool_head": tool_head, "tool_vocab": vocab}
@@ -455,7 +455,7 @@ class ReaderHead(Head):
         tools = exported_tool_head(checkpoint_dir, config, prefix)
         embed = table_embed(config["texts_dir"]) if cfg.semantic else None
         scorer = ReaderScorer(net, _inputs(cfg, config["encoder_name"], embed))
-        held_rows = (config.get("val_rows") or 0) if data.calibration is not None else data.n_rows
+        held_rows = data.calibration_n if data.calibration is not None else data.n_rows
         rows = load_rows(data.sample(data.calibration_rows, held_rows, THRESHOLD_ROWS, list(ROW_COLUMNS)))
         ok = np.flatnonzero(successful_mask(rows["outcome_success"]))
         q = scorer._q([rows["s"][i] for i in ok], [[rows["action"][i]] for i in ok],
