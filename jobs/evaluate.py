@@ -171,14 +171,11 @@ def _findings(critic, rows, values, scale, curves) -> list:
 def training_groups(card) -> set[str] | None:
     """Task groups (`group_id`) of the model's training transitions; None when the model does not
     name them or they are out of reach (moved, deleted, another machine)."""
-    import pyarrow.dataset as pads
-
     path = card.lineage.get("transitions")
     if not path:
         return None
     try:
-        fs, p = storage.filesystem(path)
-        column = pads.dataset(p, filesystem=fs, format="parquet").to_table(columns=["group_id"]).column(0)
+        column = storage.read_parquet(path, ["group_id"]).column(0)
     except (OSError, ValueError) as exc:
         log.warning("evaluate: cannot read the training transitions at %s (%s): task overlap not checked", path, exc)
         return None
@@ -229,10 +226,7 @@ def evaluate(model_uri: str, sources: list[str], fmt: str = "auto", out_dir: str
         raise DataError(f"no valid episodes in {', '.join(sources)} ({ing.records_quarantined} quarantined)")
     build_transitions(storage.join(out, "ingest"), storage.join(out, "transitions"), recipe,
                       critic.card.render)
-    import pyarrow.dataset as pads
-
-    fs, path = storage.filesystem(storage.join(out, "transitions"))
-    rows = sorted(pads.dataset(path, filesystem=fs, format="parquet").to_table().to_pylist(),
+    rows = sorted(storage.read_parquet(storage.join(out, "transitions")).to_pylist(),
                   key=lambda r: (r["episode_id"], r["step_idx"]))
     rows, split = _held_out(rows, critic.card, include_seen)
     if max_steps:

@@ -153,7 +153,6 @@ def _evaluate_and_serve(cfg: PipelineConfig, out: str, recipe, model_uri: str, s
     """Gold-action ranking on held-out episodes (where they name the expert's action at
     `evaluate.expert_field`), then a few held-out states scored over HTTP, labelled or not."""
     import mlflow
-    import pyarrow.dataset as pads
 
     from harnessrl.critic import Critic
     from harnessrl.evaluation import gold_rows, gold_top1, smoke_rows
@@ -166,8 +165,7 @@ def _evaluate_and_serve(cfg: PipelineConfig, out: str, recipe, model_uri: str, s
         h_ing = ingest(cfg.data.heldout, storage.join(held, "ingest"), cfg.data.format,
                        max_line_bytes=cfg.data.max_line_bytes)
         build_transitions(storage.join(held, "ingest"), storage.join(held, "transitions"), recipe, cfg.render)
-    fs, path = storage.filesystem(storage.join(held, "transitions"))
-    steps = pads.dataset(path, filesystem=fs, format="parquet").to_table().to_pylist() if h_ing.episodes else []
+    steps = storage.read_parquet(storage.join(held, "transitions")).to_pylist() if h_ing.episodes else []
     rows = gold_rows(steps, cfg.evaluate.max_heldout_steps, cfg.evaluate.expert_field)
     t0 = time.time()
     figures: dict[str, Any] = gold_top1(critic, rows)

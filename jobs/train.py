@@ -318,7 +318,7 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
     if fraction > 0:
         datasets, val_rows = split_validation(ds, fraction, cfg.seed, stats.groups)
         data.calibration, data.train = datasets["val"], datasets["train"]
-        data.calibration_n, data.train_rows = val_rows, stats.rows - val_rows
+        data.train_rows = stats.rows - val_rows
     use_gpu = cfg.gpus_per_worker > 0
     resources = {"CPU": cfg.cpus_per_worker, **({"GPU": cfg.gpus_per_worker} if use_gpu else {})}
     loop_config = {

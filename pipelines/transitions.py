@@ -49,14 +49,9 @@ def _build(group: pa.Table, episodes: dict, recipe: RewardRecipe, render: Render
 
 
 def build_transitions(ingest_dir: str, out_dir: str, recipe: RewardRecipe, render: RenderConfig) -> TransitionsResult:
-    import pyarrow.dataset as pads
     import ray
 
-    def table(uri: str, columns: list[str]) -> pa.Table:  # read here: small, and a Ray Data job costs seconds to start
-        fs, path = storage.filesystem(uri)
-        return pads.dataset(path, filesystem=fs, format="parquet").to_table(columns=columns)
-
-    episodes_tbl = table(storage.join(ingest_dir, "episodes"), EPISODE_FIELDS)
+    episodes_tbl = storage.read_parquet(storage.join(ingest_dir, "episodes"), EPISODE_FIELDS)
     if episodes_tbl.num_rows == 0:
         raise DataError(f"no valid episodes under {ingest_dir}: nothing to build transitions from")
     episodes = {e["episode_id"]: e for e in episodes_tbl.to_pylist()}
@@ -65,7 +60,7 @@ def build_transitions(ingest_dir: str, out_dir: str, recipe: RewardRecipe, rende
     steps.groupby("episode_id", num_partitions=shuffle_partitions()).map_groups(
         _build, batch_format="pyarrow", fn_kwargs={"episodes": episodes, "recipe": recipe, "render": render}
     ).write_parquet(out_dir, compression="zstd")
-    stats = table(out_dir, ["reward", "return_to_go", "step_idx"]).to_pandas()
+    stats = storage.read_parquet(out_dir, ["reward", "return_to_go", "step_idx"]).to_pandas()
     first = stats[stats.step_idx == 0]
     success = pc.mean(pc.cast(pc.fill_null(episodes_tbl.column("outcome_success"), False), pa.float64())).as_py()
     result = TransitionsResult(

@@ -180,6 +180,21 @@ def test_s3_globs_and_prefixes(s3, tmp_path):
 
 
 @pytest.mark.integration
+def test_a_parquet_folder_reads_whole_locally_and_from_s3(s3, tmp_path):
+    """`storage.read_parquet`: every file of a folder, the columns asked for, on local disk and S3 alike."""
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    for i in range(2):
+        pq.write_table(pa.table({"k": [2 * i, 2 * i + 1], "v": ["a", "b"]}), folder / f"part-{i}.parquet")
+        s3["client"].upload_file(str(folder / f"part-{i}.parquet"), s3["bucket"], f"parts/part-{i}.parquet")
+    for uri in (str(folder), f"s3://{s3['bucket']}/parts"):
+        assert sorted(storage.read_parquet(uri, ["k"]).to_pydict()["k"]) == [0, 1, 2, 3], uri
+        assert storage.read_parquet(uri).column_names == ["k", "v"], uri
+
+
+@pytest.mark.integration
 def test_duplicates_across_files_and_no_scratch_left(ray_local, tmp_path):
     from harnessrl.pipelines.ingest import ingest
 

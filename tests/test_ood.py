@@ -55,7 +55,7 @@ def test_the_reference_is_drawn_from_the_rows_trained_on(ray_local):
                                                                    pa.list_(pa.float32(), 8))}))
 
     common = dict(ds=rows(range(8)), n_rows=8, feature_dim=0, feature_stats=None, reward_scale=1.0, encoder_name="t")
-    data = DriverData(**common, calibration=rows([6, 7]), calibration_n=2, train=rows(range(6)), train_rows=6)
+    data = DriverData(**common, calibration=rows([6, 7]), train=rows(range(6)), train_rows=6)
     assert data.training[1] == 6
     assert sorted(data.training_states().argmax(1).tolist()) == [0, 1, 2, 3, 4, 5]
     assert sorted(data.held_out_states().argmax(1).tolist()) == [6, 7]

@@ -114,11 +114,7 @@ def vector_table(encoded_dir: str) -> np.ndarray | None:
 def read_table(encoded_dir: str) -> pa.Table:
     """The encoded rows as one table with their vectors in it whatever the layout (`state_emb`, ...,
     `candidate_emb`): for tools, benchmarks and tests that read a dataset whole."""
-    import pyarrow.dataset as pads
-
-    fs, path = storage.filesystem(storage.join(encoded_dir, "data"))
-    table = pads.dataset(path, filesystem=fs, format="parquet").to_table()
-    return with_vectors(table, vector_table(encoded_dir))
+    return with_vectors(storage.read_parquet(storage.join(encoded_dir, "data")), vector_table(encoded_dir))
 
 
 def with_vectors(table: pa.Table, vectors: np.ndarray | None) -> pa.Table:

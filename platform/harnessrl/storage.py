@@ -251,6 +251,15 @@ def join(base: str, *parts: str) -> str:
     return str(Path(base, *parts))
 
 
+def read_parquet(uri: str, columns: list[str] | None = None):
+    """A Parquet folder (local or `s3://`) as one pyarrow table, read in this process: for tables the
+    driver holds anyway (a Ray Data job would cost seconds to start on a small machine)."""
+    import pyarrow.dataset as pads
+
+    fs, path = filesystem(uri)
+    return pads.dataset(path, filesystem=fs, format="parquet").to_table(columns=columns)
+
+
 def reset_dir(uri: str) -> None:
     """Empty a stage's output folder so a rerun never mixes old and new files."""
     fs, path = filesystem(uri)

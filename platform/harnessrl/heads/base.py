@@ -41,7 +41,6 @@ class DriverData:
     vectors: np.ndarray | None = None  # the distinct-text table the rows' references point into (None: copies)
     encoded_dir: str = ""  # the encoded dataset (its `_texts` table: every distinct text's embedding)
     calibration: Any = None  # held-out rows (task groups kept out of training): the thresholds are set on them
-    calibration_n: int = 0  # their number
     train: Any = None  # the rows trained on when some are held out (None: all of `ds`)
     train_rows: int = 0  # their number
 
@@ -55,6 +54,11 @@ class DriverData:
     def calibration_rows(self):
         """The rows the fallback threshold is set on: the held-out ones, else the training data."""
         return self.calibration if self.calibration is not None else self.ds
+
+    @property
+    def calibration_n(self) -> int:
+        """How many `calibration_rows` there are: the rows not trained on, else all of them."""
+        return self.n_rows - self.train_rows if self.calibration is not None else self.n_rows
 
     def calibration_arrays(self):
         """The calibration rows as training arrays (vectors gathered), a batch at a time."""

@@ -101,13 +101,10 @@ def load_rows(batches) -> dict[str, Any]:
 
 def _text_table(texts_dir: str):
     """(hash -> row, matrix float32) of the encode stage's distinct-text table."""
-    import pyarrow.dataset as pads
-
     from harnessrl import storage
     from harnessrl.embedding_cache import emb_matrix
 
-    fs, path = storage.filesystem(texts_dir)
-    table = pads.dataset(path, filesystem=fs, format="parquet").to_table(columns=["text_hash", "emb"])
+    table = storage.read_parquet(texts_dir, ["text_hash", "emb"])
     matrix = emb_matrix(table.column("emb"), len(table.column("emb")[0]) if table.num_rows else 1)
     return {h: i for i, h in enumerate(table.column("text_hash").to_pylist())}, matrix.astype(np.float32)
 
@@ -455,7 +452,7 @@ class ReaderHead(Head):
         tools = exported_tool_head(checkpoint_dir, config, prefix)
         embed = table_embed(config["texts_dir"]) if cfg.semantic else None
         scorer = ReaderScorer(net, _inputs(cfg, config["encoder_name"], embed))
-        held_rows = data.calibration_n if data.calibration is not None else data.n_rows
+        held_rows = data.calibration_n
         rows = load_rows(data.sample(data.calibration_rows, held_rows, THRESHOLD_ROWS, list(ROW_COLUMNS)))
         ok = np.flatnonzero(successful_mask(rows["outcome_success"]))
         q = scorer._q([rows["s"][i] for i in ok], [[rows["action"][i]] for i in ok],
