@@ -11,7 +11,7 @@ import logging
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from harnessrl import console, lineage, preflight, registry, settings, storage
 from harnessrl.config import PipelineConfig
@@ -190,9 +190,12 @@ def _start(cfg: PipelineConfig):
     return out, recipe, registry.ensure_experiment(cfg.registry.experiment)
 
 
-def run_pipeline(cfg: PipelineConfig, force: bool = False) -> dict[str, Any]:
+def run_pipeline(cfg: PipelineConfig, force: bool = False, until: Literal["encode", "train"] | None = None
+                 ) -> dict[str, Any]:
     """Every stage, in one MLflow run; returns the summary the CLI prints. `force` reruns stages
-    whose output exists for the same input and configuration (otherwise they are skipped)."""
+    whose output exists for the same input and configuration (otherwise they are skipped).
+    `until`: stop after that stage: "encode" prepares the data once for several `harnessrl train`
+    runs, "train" trains and registers without the held-out evaluation and serve check."""
     import mlflow
 
     started = time.time()
@@ -203,10 +206,12 @@ def run_pipeline(cfg: PipelineConfig, force: bool = False) -> dict[str, Any]:
         mlflow.log_params(_flatten("", cfg.model_dump(), {}))
         mlflow.set_tags({"harnessrl.pipeline": cfg.name, "harnessrl.git_sha": registry.git_sha(),
                          "harnessrl.reward_recipe": recipe.digest()})
+        summary["run_id"], summary["experiment"] = run.info.run_id, cfg.registry.experiment
         encoder, digests = _prepare(cfg, out, recipe, summary, force)
-        model_uri = _train_and_register(cfg, out, recipe, encoder, digests, run.info.run_id, summary)
-        if cfg.data.heldout:
-            _evaluate_and_serve(cfg, out, recipe, model_uri, summary)
+        if until != "encode":
+            model_uri = _train_and_register(cfg, out, recipe, encoder, digests, run.info.run_id, summary)
+            if cfg.data.heldout and until is None:
+                _evaluate_and_serve(cfg, out, recipe, model_uri, summary)
         summary["seconds"] = time.time() - started
         mlflow.log_metric("pipeline/seconds", summary["seconds"])
         mlflow.log_dict(summary, "summary.json")

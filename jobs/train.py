@@ -293,7 +293,7 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
     from harnessrl.heads.base import DriverData
     from harnessrl.model_files import save_critic, save_ood_reference
     from harnessrl.ood import fit_reference
-    from harnessrl.ray_runtime import STREAM_OBJECT_STORE_BYTES
+    from harnessrl.ray_runtime import STREAM_OBJECT_STORE_BYTES, train_poll_interval
 
     head = heads.head(cfg.head)
     # the embeddings must be those of the encoder the critic will be saved with (and serve with)
@@ -357,7 +357,8 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
             dataset_config=DataConfig(datasets_to_split=["train"], execution_options=ingest),  # all score all "val"
         ).fit()
 
-    result = fit_with_storage_retries(fit, cfg, run_name)
+    with train_poll_interval(cfg.poll_s):
+        result = fit_with_storage_retries(fit, cfg, run_name)
     if result.checkpoint is None:
         raise RuntimeError(f"training run {run_name} finished without a checkpoint: {result.error}")
     remove_orphaned_checkpoints(result)

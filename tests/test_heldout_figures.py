@@ -68,7 +68,7 @@ def test_no_labels_means_no_figure_and_smoke_requests_still_go_out():
 
 def _summary(evaluate: dict, served: list[dict]) -> dict:
     return {
-        "pipeline": "p", "seconds": 1.0, "output_dir": "/tmp/out",
+        "pipeline": "p", "seconds": 1.0, "output_dir": "/tmp/out", "run_id": "r", "experiment": "e",
         "ingest": {"records_in": 1, "episodes": 1, "steps": 6, "records_quarantined": 0, "by_reason": {}},
         "transitions": {"recipe": "default", "recipe_digest": "sha256:x", "mean_return": 1.0, "success_rate": 0.5,
                         "transitions": 6, "episodes": 1},
@@ -96,6 +96,17 @@ def test_summary_says_plainly_that_there_are_no_labels(capsys, monkeypatch):
     assert ("held-out     96 steps of 12 episodes, none with an expert action at info.expert_action among its "
             "candidates: gold-action ranking not measured") in out
     assert "served #0    'a kitchen' -> 'take coin' (score 0.70, 2 candidates, no gold label, fallback False)" in out
+
+
+def test_a_run_stopped_after_encode_says_so_and_where_its_mlflow_run_is(capsys, monkeypatch):
+    from harnessrl import settings
+
+    monkeypatch.setattr(settings, "tracking_uri", lambda: "sqlite:///x.db")
+    prepared = {k: v for k, v in _summary({}, []).items() if k not in ("train", "model", "evaluate", "served")}
+    print_summary(prepared)
+    out = capsys.readouterr().out
+    assert "train        not run (--until encode)" in out and "registry" not in out
+    assert "encode       12 texts, 8 distinct" in out and "mlflow       run r in experiment 'e'" in out
 
 
 def test_summary_with_labels_gives_the_figure():

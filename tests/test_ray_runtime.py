@@ -85,3 +85,29 @@ def test_a_submitted_jobs_workers_allocate_as_a_local_runs_do(tmp_path, monkeypa
     monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", "system")  # the user's choice is forwarded as it is
     (tmp_path / "b").mkdir()
     assert runtime_env({"name": "x"}, tmp_path / "b", [], [], None)["env_vars"]["ARROW_DEFAULT_MEMORY_POOL"] == "system"
+
+
+def test_the_train_poll_interval_reaches_ray_trains_workers_and_is_undone_after(ray_local, tmp_path, monkeypatch):
+    """train.poll_s as Ray Train reads it: handed from the driver to its controller and workers."""
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from harnessrl.ray_runtime import TRAIN_POLL_ENV, train_poll_interval
+
+    monkeypatch.delenv(TRAIN_POLL_ENV, raising=False)
+    seen = tmp_path / "seen"
+
+    def loop(config):
+        with open(config["seen"], "w") as fh:
+            fh.write(os.environ.get(TRAIN_POLL_ENV, "unset"))
+
+    with train_poll_interval(0.25):
+        TorchTrainer(loop, train_loop_config={"seen": str(seen)},
+                     scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 0.5}),
+                     run_config=RunConfig(name="poll", storage_path=str(tmp_path / "runs"))).fit()
+    assert seen.read_text() == "0.25"
+    assert TRAIN_POLL_ENV not in os.environ  # the driver's environment as it was
+    monkeypatch.setenv(TRAIN_POLL_ENV, "3")
+    with train_poll_interval(0.5):
+        assert os.environ[TRAIN_POLL_ENV] == "0.5"
+    assert os.environ[TRAIN_POLL_ENV] == "3"

@@ -28,15 +28,16 @@ def test_rerun_skips_unchanged_stages_and_reruns_changed_ones(ray_local, sample_
     out = tmp_path / "run"
     raw = {
         "name": "stage-cache", "output_dir": str(out),
-        "data": {"train": [str(sample_slice["train"])]},
+        "data": {"train": [str(sample_slice["train"])], "heldout": [str(sample_slice["test"])]},
+        "evaluate": {"max_heldout_steps": 50},
         "render": {"window": 3, "max_chars": 1500, "tool_from": "first_word"},
         "encoder": {"batch_size": 32, "max_seq_length": 128},
         "train": {"steps": 10, "batch_size": 32, "checkpoint_every": 10, "log_every": 10, "num_workers": 1},
         "registry": {"experiment": "stage-cache", "model_name": "stage-cache-critic"},
         "serve": {"enabled": False},
     }
-    first = run_pipeline(parse_pipeline(raw))
-    assert first["skipped"] == []
+    first = run_pipeline(parse_pipeline(raw), until="train")  # trained and registered, not evaluated
+    assert first["skipped"] == [] and first["model"]["version"] and "evaluate" not in first
     before = {stage: _mtimes(out / stage) for stage in ("ingest", "transitions", "encoded")}
 
     second = run_pipeline(parse_pipeline(raw))
@@ -44,15 +45,16 @@ def test_rerun_skips_unchanged_stages_and_reruns_changed_ones(ray_local, sample_
     assert {stage: _mtimes(out / stage) for stage in before} == before  # nothing rewritten
     assert second["encode"] == first["encode"] and second["digests"] == first["digests"]
     assert second["model"]["version"] == str(int(first["model"]["version"]) + 1)  # training always runs
+    assert second["evaluate"]["heldout_steps"] > 0  # and without `until`, the held-out evaluation
 
     raw["render"]["window"] = 2  # a render change: ingest reused, transitions and encode rerun
-    third = run_pipeline(parse_pipeline(raw))
-    assert third["skipped"] == ["ingest"]
+    third = run_pipeline(parse_pipeline(raw), until="encode")  # the data prepared, no training
+    assert third["skipped"] == ["ingest"] and "train" not in third and "model" not in third
     assert third["digests"]["steps"] == first["digests"]["steps"]
     assert third["digests"]["transitions"] != first["digests"]["transitions"]
     texts_before = _texts(out)
 
-    forced = run_pipeline(parse_pipeline(raw), force=True)
+    forced = run_pipeline(parse_pipeline(raw), force=True, until="encode")
     assert forced["skipped"] == []
     # same input and config: the same content, up to the embeddings' last bits (which texts share
     # an encoder batch varies between runs, and so does float rounding): the datasets holding

@@ -36,8 +36,7 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def print_summary(s: dict[str, Any]) -> None:
-    ing, tr, enc, trn = s["ingest"], s["transitions"], s["encode"], s["train"]
-    m = s["model"]
+    ing, tr, enc, trn, m = s["ingest"], s["transitions"], s["encode"], s.get("train"), s.get("model")
     lines = [
         "",
         f"== harnessrl pipeline '{s['pipeline']}' finished in {s['seconds']:.0f} s ==",
@@ -48,11 +47,16 @@ def print_summary(s: dict[str, Any]) -> None:
         f"transitions  {tr['transitions']} (s, a, r, s', done) from {tr['episodes']} episodes",
         f"encode       {enc['texts_total']} texts, {enc['texts_distinct']} distinct, encoded once each by "
         f"{enc['actors']} actor(s) in {enc['seconds']:.0f} s ({enc['encoder']['model_name']}, dim {enc['encoder']['dim']})",
-        f"train        IQL {trn['steps']} steps in {trn['seconds']:.0f} s: loss_q {trn['metrics'].get('loss_q', float('nan')):.4f}, "
-        f"loss_v {trn['metrics'].get('loss_v', float('nan')):.5f}, q_mean {trn['metrics'].get('q_mean', float('nan')):.3f}; "
-        f"fallback threshold {trn['fallback_threshold']:.3f}",
-        f"registry     {m['name']} version {m['version']} -> alias '{m['alias']}'  ({m['uri']})",
     ]
+    if trn and m:
+        lines += [
+            f"train        IQL {trn['steps']} steps in {trn['seconds']:.0f} s: loss_q {trn['metrics'].get('loss_q', float('nan')):.4f}, "
+            f"loss_v {trn['metrics'].get('loss_v', float('nan')):.5f}, q_mean {trn['metrics'].get('q_mean', float('nan')):.3f}; "
+            f"fallback threshold {trn['fallback_threshold']:.3f}",
+            f"registry     {m['name']} version {m['version']} -> alias '{m['alias']}'  ({m['uri']})",
+        ]
+    else:
+        lines.append("train        not run (--until encode): train from this encoded data with `harnessrl train`")
     if s.get("skipped"):
         lines.insert(2, f"skipped      {', '.join(s['skipped'])}: output exists for the same input and configuration "
                         "(figures below are from that run; --force reruns)")
@@ -69,7 +73,7 @@ def print_summary(s: dict[str, Any]) -> None:
     lines += [
         f"outputs      {settings.redact(s['output_dir'])}",
         *([f"log          {s['log']} (Ray's and MLflow's own output)"] if s.get("log") else []),
-        f"mlflow       run {m['run_id']} in experiment '{m['experiment']}'; browse with: "
+        f"mlflow       run {s['run_id']} in experiment '{s['experiment']}'; browse with: "
         f".venv/bin/mlflow ui --backend-store-uri {settings.redact(settings.tracking_uri())} --host 127.0.0.1",
         "",
     ]
@@ -126,7 +130,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return cmd_validate(args)
     cfg = _pipeline(args)
     with _console(args, "run", cfg.name) as console:
-        summary = run_pipeline(cfg, force=args.force)
+        summary = run_pipeline(cfg, force=args.force, until=args.until)
     if console is not None:
         summary["log"] = str(console.path)
     if args.json:
@@ -223,6 +227,9 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 ADDRESS_HELP = ("the Ray cluster to run on: HEAD:6379, auto, ray://HEAD:10001, or its dashboard http://HEAD:8265 "
                 "(then its GCS at HEAD:6379); default: RAY_ADDRESS, else a local Ray on 127.0.0.1")
+UNTIL = ("encode", "train")  # jobs.pipeline.run_pipeline's `until`
+UNTIL_HELP = ("stop after this stage: encode (prepare the data once, then `harnessrl train` it as often as wanted), "
+              "train (train and register; no held-out evaluation or serve check)")
 SET_HELP = "override a config value (e.g. train.steps=500); repeatable"
 FORMATS = ["native", "openai-chat", "openai-responses", "anthropic", "atif", "auto"]
 
@@ -242,6 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
     run.add_argument("--force", action="store_true",
                      help="rerun ingest/transitions/encode even when their output exists for the same input and config")
+    run.add_argument("--until", choices=UNTIL, help=UNTIL_HELP)
     run.add_argument("--dry-run", action="store_true",
                      help="check the config and its sources, recipe, encoder and token (as `validate`), run nothing")
     run.set_defaults(fn=cmd_run)

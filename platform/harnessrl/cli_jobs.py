@@ -118,7 +118,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         env = runtime_env(pipeline, Path(tmp), args.env, args.pip, args.image)
         job_id = client.submit_job(
             entrypoint="python -m harnessrl run pipeline.yaml" + (" --json" if args.json else "")
-                       + (" --force" if args.force else ""),
+                       + (" --force" if args.force else "") + (f" --until {args.until}" if args.until else ""),
             runtime_env=env, submission_id=args.job_id,
             metadata={"harnessrl.pipeline": pipeline.get("name", ""), "submitted_from": os.uname().nodename},
             entrypoint_num_cpus=0,
@@ -194,6 +194,8 @@ def _follow(client, job_id: str) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from harnessrl.cli import UNTIL, UNTIL_HELP
+
     lin = sub.add_parser("lineage", help="the chain from raw logs to a registered model version")
     lin.add_argument("model", help="the registered model: NAME@ALIAS, NAME/VERSION or models:/...")
     lin.add_argument("--verify", action="store_true",
@@ -215,6 +217,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     sb.add_argument("--timeout-s", type=float, default=3600, help="with --wait: give up after this long")
     sb.add_argument("--json", action="store_true", help="the job prints its summary as JSON")
     sb.add_argument("--force", action="store_true", help="rerun stages whose output exists for the same input")
+    sb.add_argument("--until", choices=UNTIL, help=UNTIL_HELP)
     sb.set_defaults(fn=cmd_submit)
 
     jb = sub.add_parser("jobs", help="list, inspect, follow or stop submitted jobs")

@@ -263,6 +263,9 @@ class TrainConfig(_Strict):
     patience: int | None = Field(
         None, ge=1, description="with validation: stop after this many validations without improvement")
     max_failures: int = Field(2, ge=0, description="worker-group restarts from the last checkpoint")
+    poll_s: float = Field(0.5, gt=0, description="how often Ray Train's controller polls the workers (its "
+                                                  "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S, 2 s by default there): each "
+                                                  "checkpoint and the run's start and end wait for a poll")
     storage_retries: int = Field(3, ge=0, description="runs resumed after a failure of the checkpoint storage "
                                                     "(an S3 outage), which Ray Train does not retry itself")
     storage_retry_s: float = Field(10.0, ge=0, description="seconds before the first such resume (doubling)")
