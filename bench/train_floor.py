@@ -17,6 +17,7 @@ Ray binds 127.0.0.1; nothing is logged to MLflow.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -56,16 +57,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     os.environ.pop(TRAIN_POLL_ENV, None)  # Ray's default for the baseline
     init_ray()
-    times: dict[str, list[float]] = {"ray default (2 s)": [], f"train.poll_s {args.poll_s:g} s": []}
+    setups = {"ray default (2 s)": contextlib.nullcontext, f"train.poll_s {args.poll_s:g} s":
+              lambda: train_poll_interval(args.poll_s)}
+    times: dict[str, list[float]] = {label: [] for label in setups}
     with tempfile.TemporaryDirectory(prefix="harnessrl-floor-") as storage:
         fit_seconds(args.reports, "warm-up", storage)  # the first run also pays for imports and worker start
         for r in range(args.rounds):
-            for label in times:
-                if label.startswith("ray"):
-                    times[label].append(fit_seconds(args.reports, f"default-{r}", storage))
-                else:
-                    with train_poll_interval(args.poll_s):
-                        times[label].append(fit_seconds(args.reports, f"ours-{r}", storage))
+            for i, (label, setup) in enumerate(setups.items()):
+                with setup():
+                    times[label].append(fit_seconds(args.reports, f"run{i}-{r}", storage))
                 print(f"round {r + 1}: {label}: fit {times[label][-1]:.1f} s", flush=True)
     base, ours = (statistics.median(v) for v in times.values())
     print(f"\n{args.reports} report(s) per run, median of {args.rounds}: ray default {base:.1f} s, "

@@ -37,7 +37,6 @@ def _setup_logging(verbose: bool) -> None:
 
 def print_summary(s: dict[str, Any]) -> None:
     ing, tr, enc, trn, m = s["ingest"], s["transitions"], s["encode"], s.get("train"), s.get("model")
-    run_id, experiment = (m["run_id"], m["experiment"]) if m else (s["run_id"], s["experiment"])
     lines = [
         "",
         f"== harnessrl pipeline '{s['pipeline']}' finished in {s['seconds']:.0f} s ==",
@@ -74,7 +73,7 @@ def print_summary(s: dict[str, Any]) -> None:
     lines += [
         f"outputs      {settings.redact(s['output_dir'])}",
         *([f"log          {s['log']} (Ray's and MLflow's own output)"] if s.get("log") else []),
-        f"mlflow       run {run_id} in experiment '{experiment}'; browse with: "
+        f"mlflow       run {s['run_id']} in experiment '{s['experiment']}'; browse with: "
         f".venv/bin/mlflow ui --backend-store-uri {settings.redact(settings.tracking_uri())} --host 127.0.0.1",
         "",
     ]

@@ -71,7 +71,8 @@ def test_pipeline_summary_prints_no_credentials(monkeypatch, capsys):
     enc = {"texts_total": 10, "texts_distinct": 5, "actors": 1, "seconds": 1.0,
            "encoder": {"model_name": "m", "dim": 8}}
     print_summary({
-        "pipeline": "p", "seconds": 1.0, "output_dir": f"s3://AKIA:{SECRET}@bucket/runs/p",
+        "pipeline": "p", "seconds": 1.0, "output_dir": f"s3://AKIA:{SECRET}@bucket/runs/p", "run_id": "r",
+        "experiment": "e",
         "ingest": {"records_in": 1, "episodes": 1, "steps": 1, "records_quarantined": 0, "by_reason": {}},
         "transitions": {"recipe": "default", "recipe_digest": "d", "mean_return": 0.0, "success_rate": 1.0,
                         "transitions": 1, "episodes": 1},
