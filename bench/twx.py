@@ -10,6 +10,10 @@ Every scorer plays the same held-out seeds; at each step it gets the task, the h
   careful, mistaken, flailing   each behaviour agent alone
   random       a uniformly random valid action
   bc           behaviour cloning on all logs (in process, see bench/twx_bc.py)
+  critic+bc    the critic ranking by score + w * log pi_bc(a | s), bc's policy over the candidates as
+               the behaviour prior (IQL's own extracted policy is pi_beta * exp(beta * A)): the
+               service's prior blend with bc's log-probabilities as the candidates' logprobs,
+               w = --bc-prior-weight
   bc-success   BC on successful episodes only
   bc-careful   BC on careful-agent episodes only (ceiling check: cloning the best behaviour)
   bc-expert    BC on the expert's action at every logged state that records one (`info.expert_action`,
@@ -66,8 +70,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import twx_rerank as rerank  # noqa: E402  (bench/ is no package)
 
-ALL_SCORERS = ("critic", "mix", "careful", "mistaken", "flailing", "random", "bc", "bc-success", "bc-careful",
-               "bc-expert", "expert")
+ALL_SCORERS = ("critic", "critic+bc", "mix", "careful", "mistaken", "flailing", "random", "bc", "bc-success",
+               "bc-careful", "bc-expert", "expert")
 DEFAULT_SCORERS = tuple(s for s in ALL_SCORERS if s != "bc-expert")  # bc-expert needs labelled logs: asked by name
 REDUCED_SCORERS = ("critic", "mix", "random", "bc", "expert")
 NO_REPEAT = "+norepeat"  # suffix of a learned scorer played under the avoid_repeats rule
@@ -83,7 +87,7 @@ def base_scorer(name: str) -> str:
 
 
 def is_learned(name: str) -> bool:
-    return name == "critic" or name.startswith("bc")
+    return name.startswith(("critic", "bc"))
 
 
 # ---- statistics --------------------------------------------------------------------------------
@@ -259,6 +263,14 @@ def episode(engine, family: str, fold: str, seed: int, max_steps: int, expert: E
             "loop": has_loop(actions), "actions": actions}
 
 
+def behaviour_priors(candidates: list[str], logits: list[float]) -> list[dict]:
+    """The candidates as {text, logprob}, logprob from the log-softmax of a policy's `logits` over them
+    (clipped at 0, which a float sum may pass by an ulp and the service refuses)."""
+    top = max(logits)
+    norm = top + math.log(sum(math.exp(x - top) for x in logits))
+    return [{"text": c, "logprob": min(0.0, x - norm)} for c, x in zip(candidates, logits)]
+
+
 def play(engine, scorer: str, family: str, fold: str, seed: int, max_steps: int, ctx: dict) -> dict:
     """One episode of `scorer` on (family, fold, seed), all-actions protocol: it picks among every
     valid action; returns success, steps, actions, loop and its decision counts."""
@@ -274,7 +286,8 @@ def play(engine, scorer: str, family: str, fold: str, seed: int, max_steps: int,
         agent = _draw_agent(rng)[0]
     needs_expert = agent in ("expert", "careful", "mistaken", "flailing")
     expert = Expert(engine, family, fold, seed) if needs_expert else None
-    counts = {"fallbacks": 0, "decisions": 0, "avoided": 0}  # avoided: decisions the avoid_repeats rule changed
+    # avoided: decisions the avoid_repeats rule changed; prior_changed: those bc's prior moved off the critic's argmax
+    counts = {"fallbacks": 0, "decisions": 0, "avoided": 0, "prior_changed": 0}
     ood: list[bool | None] = []  # the service's flag per decision (critic only)
     chosen_scores: list[float] = []
 
@@ -285,12 +298,18 @@ def play(engine, scorer: str, family: str, fold: str, seed: int, max_steps: int,
             return behaviour_choice(AGENT_PROBS[agent], gold, candidates, rng)
         if agent == "random":
             return rng.choice(candidates)
-        if agent == "critic":
-            body = ctx["critic"].score(state, candidates, avoid_repeats=no_repeat)
+        if agent in ("critic", "critic+bc"):
+            if agent == "critic":
+                body = ctx["critic"].score(state, candidates, avoid_repeats=no_repeat)
+            else:
+                priors = behaviour_priors(candidates, ctx["bc"].scores(state, candidates))
+                body = ctx["critic"].score(state, priors, avoid_repeats=no_repeat, prior_weight=ctx["bc_prior_weight"])
             best = int(body["best_index"])
+            ranking = body.get("blended_scores") or body["scores"]  # what the service ranked by
             counts["fallbacks"] += bool(body["fallback"])
             counts["decisions"] += 1
-            counts["avoided"] += best != best_allowed(body["scores"])
+            counts["avoided"] += best != best_allowed(ranking)
+            counts["prior_changed"] += best_allowed(ranking) != best_allowed(body["scores"])
             ood.append(body.get("ood"))
             chosen_scores.append(float(body["scores"][best]))
             return candidates[best]
@@ -624,6 +643,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "corpus from `python -m harnessrl.examples.twx --train-episodes 1500`; their seeds stay out of "
                    "the tiers (default: the bundled twx_train)")
     p.add_argument("--set", action="append", help="pipeline override when training here (repeatable)")
+    p.add_argument("--bc-prior-weight", type=float, default=1.0, help="critic+bc: the weight w of bc's "
+                   "log-probabilities (default %(default)s)")
     p.add_argument("--bc-steps", type=int, default=None, help="BC gradient steps (default 800; reduced 150)")
     p.add_argument("--reduced", action="store_true", help="the CI configuration (< 5 min on 2 cores)")
     p.add_argument("--reduced-episodes", type=int, default=40, help="log episodes (the first) the reduced critic "
@@ -744,9 +765,10 @@ def run(args: argparse.Namespace) -> dict:
     owns_ray = not ray.is_initialized()
     init_ray()
     encoded = args.encoded
-    need_model = any(base_scorer(s) == "critic" for s in scorers) or bool(
+    need_model = any(base_scorer(s).startswith("critic") for s in scorers) or bool(
         rr and any(rerank.uses_critic(s) for s in rr["scorers"]))
     need_bc = sorted({base_scorer(s) for s in scorers if s.startswith("bc")}
+                     | ({"bc"} if any(base_scorer(s) == "critic+bc" for s in scorers) else set())
                      | ({"bc"} if rr and "agent+bc" in rr["scorers"] else set()))
     training = None
     if not model_uri and (need_model or (need_bc and not encoded)):
@@ -762,7 +784,7 @@ def run(args: argparse.Namespace) -> dict:
 
     records = known_records(args.logs)
     by_episode = {r["episode_id"]: r for r in records}
-    ctx: dict[str, Any] = {}
+    ctx: dict[str, Any] = {"bc_prior_weight": args.bc_prior_weight}
     bc_info = None
     if need_bc:
         from harnessrl.config import load_pipeline

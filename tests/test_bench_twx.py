@@ -23,7 +23,8 @@ def bench(pipeline_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench_twx")
     argv = ["--reduced", "--model", "it-critic@champion",
             "--encoded", str(Path(pipeline_run["output_dir"]) / "encoded"),
-            "--scorers", "critic,mix,random,bc,bc+norepeat,expert", "--bc-steps", "60",
+            "--scorers", "critic,critic+bc,mix,random,bc,bc+norepeat,expert", "--bc-steps", "60",
+            "--bc-prior-weight", "3",
             "--rerank-scorers", RERANK_SCORERS, "--sweep-seeds", "1", "--prior-weights", "0.5,2",
             "--json", str(out / "twx.json"), "--markdown", str(out / "twx.md"), "--report", str(out / "diagnosis")]
     assert twx.main(argv) == 0
@@ -61,6 +62,22 @@ def test_norepeat_plays_as_its_scorer_until_the_rule_changes_a_choice(bench):
             first = next(i for i, (a, b) in enumerate(zip(ep["actions"], plain["actions"])) if a != b)
             # where they part, bc took an action it had taken before (the rule passed over a repeat)
             assert plain["actions"][first] in plain["actions"][:first]
+        compared += 1
+    assert compared == len(bench["results"]["seeds"]) * bench["results"]["config"]["seeds_per_family"]
+
+
+def test_critic_bc_plays_as_the_critic_until_bcs_prior_changes_a_choice(bench):
+    """critic+bc is the critic ranking by score + w * log pi_bc: the same episode as the critic's until the
+    prior moves a decision off the critic's argmax; only critic+bc counts such decisions."""
+    eps = {(e["scorer"], e["tier"], e["family"], e["seed"]): e for e in bench["results"]["episodes"]}
+    compared = 0
+    for (scorer, tier, family, seed), ep in eps.items():
+        if scorer != "critic+bc":
+            assert ep["prior_changed"] == 0
+            continue
+        plain = eps[("critic", tier, family, seed)]
+        assert (ep["actions"] == plain["actions"]) == (ep["prior_changed"] == 0)
+        assert ep["decisions"] > 0
         compared += 1
     assert compared == len(bench["results"]["seeds"]) * bench["results"]["config"]["seeds_per_family"]
 

@@ -1,8 +1,10 @@
-"""bench/twx_bc.py's reader rows: the expert's label that `bc-expert` learns from (bench/twx.py)."""
+"""bench/twx_bc.py's reader rows: the expert's label that `bc-expert` learns from (bench/twx.py); bc's policy as
+the behaviour prior of `critic+bc`."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -46,3 +48,19 @@ def test_bc_expert_asks_for_the_reader_heads_inputs():
     assert "bc-expert" in twx.ALL_SCORERS and "bc-expert" not in twx.DEFAULT_SCORERS  # opt-in: needs labelled logs
     with pytest.raises(SystemExit, match="reader head"):
         twx.build_bc(["bc", "bc-expert"], "/nonexistent/encoded", {}, 1, None, head="frozen")
+
+
+def test_behaviour_priors_are_the_log_softmax_of_the_logits():
+    """critic+bc sends bc's log-probabilities: they normalise, keep bc's order, ignore a shift of the logits and
+    never pass 0 (the service refuses a positive logprob)."""
+    twx = import_bench("twx")
+    texts = ["take coin", "move south", "open fridge"]
+    priors = twx.behaviour_priors(texts, [2.0, -1.0, 0.5])
+    assert [p["text"] for p in priors] == texts
+    lp = [p["logprob"] for p in priors]
+    assert sum(math.exp(x) for x in lp) == pytest.approx(1.0)
+    assert lp[0] > lp[2] > lp[1] and all(x <= 0 for x in lp)
+    assert lp[0] - lp[1] == pytest.approx(3.0)
+    shifted = [p["logprob"] for p in twx.behaviour_priors(texts, [1002.0, 999.0, 1000.5])]  # no overflow
+    assert shifted == pytest.approx(lp)
+    assert [p["logprob"] for p in twx.behaviour_priors(["only"], [-7.0])] == [0.0]

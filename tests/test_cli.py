@@ -182,3 +182,22 @@ def test_serve_port_or_host_that_cannot_be_bound_is_one_line_before_ray(tmp_path
         assert time.time() - started < 60 and "Token authentication" not in out.stderr  # Ray never started
     elsewhere = harnessrl("serve", "--model", str(model), "--host", "192.0.2.1", "--port", "8000", home=tmp_path)
     _assert_clean_error(elsewhere, 2, "cannot serve on 192.0.2.1:8000")
+
+
+@pytest.mark.parametrize("flags", [[], ["--until", "encode"], ["--json", "--force", "--until", "train"]])
+def test_a_submitted_job_runs_the_pipeline_with_the_submit_flags(flags):
+    """`submit`'s --json, --force and --until reach the job: its entrypoint, read by `harnessrl`'s own
+    parser, is `run pipeline.yaml` with the same values."""
+    import shlex
+
+    from harnessrl.cli import build_parser
+    from harnessrl.cli_jobs import run_entrypoint
+
+    parser = build_parser()
+    submitted = parser.parse_args(["submit", "p.yaml", *flags])
+    command = shlex.split(run_entrypoint(submitted))
+    assert command[:3] == ["python", "-m", "harnessrl"]
+    job = parser.parse_args(command[3:])
+    assert job.command == "run" and job.pipeline == "pipeline.yaml"
+    assert (job.json, job.force, job.until) == (submitted.json, submitted.force, submitted.until)
+    assert job.until == (flags[flags.index("--until") + 1] if "--until" in flags else None)

@@ -111,14 +111,19 @@ def runtime_env(pipeline: dict, workdir: Path, forward: list[str], pip: list[str
     return env
 
 
+def run_entrypoint(args: argparse.Namespace) -> str:
+    """The job's command: `harnessrl run` on the shipped pipeline with the submit flags it shares."""
+    return ("python -m harnessrl run pipeline.yaml" + (" --json" if args.json else "")
+            + (" --force" if args.force else "") + (f" --until {args.until}" if args.until else ""))
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     pipeline = resolved_pipeline(args.pipeline, args.set)
     client = job_client(args.address)
     with tempfile.TemporaryDirectory(prefix="harnessrl-submit-") as tmp:
         env = runtime_env(pipeline, Path(tmp), args.env, args.pip, args.image)
         job_id = client.submit_job(
-            entrypoint="python -m harnessrl run pipeline.yaml" + (" --json" if args.json else "")
-                       + (" --force" if args.force else "") + (f" --until {args.until}" if args.until else ""),
+            entrypoint=run_entrypoint(args),
             runtime_env=env, submission_id=args.job_id,
             metadata={"harnessrl.pipeline": pipeline.get("name", ""), "submitted_from": os.uname().nodename},
             entrypoint_num_cpus=0,
