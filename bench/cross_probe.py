@@ -257,12 +257,12 @@ def reader_paths(name: str) -> dict[str, bool]:
 def reader(train: list[dict], test: list[dict], steps: int, batch: int, seed: int, encoder: str, paths: dict,
            device: str = "cpu", precision: str = "float32", log_every: int = 50) -> tuple[list[float], dict]:
     """The reader head's network (the paths in `paths`) over the steps' segments, trained listwise on
-    the expert's action like the other scorers (no history features; twx_bc.train_listwise_reader)."""
+    the expert's action like the other scorers (no history features; harnessrl.behaviour_prior.train_listwise)."""
     import torch
 
     from harnessrl.encoders import load_encoder
     from harnessrl.render import EMBEDDED_ROLES
-    from twx_bc import reader_scores, train_listwise_reader
+    from harnessrl.behaviour_prior import candidate_logits, train_listwise
 
     if not all(s["segments"] for s in train + test):
         raise SystemExit("the reader scorers need transitions with state_segments (made by this version's pipeline)")
@@ -275,13 +275,13 @@ def reader(train: list[dict], test: list[dict], steps: int, batch: int, seed: in
     def embed(batch_texts):
         return np.stack([table[t] for t in batch_texts])
 
-    net, inputs, progress = train_listwise_reader(train, embed, encoder, paths, steps, batch, seed, device=device,
+    net, inputs, progress = train_listwise(train, embed, encoder, paths, steps, batch, seed, device=device,
                                                   log_every=log_every, max_seconds=float("inf"))
     with torch.no_grad():
         out = []
         for i in range(0, len(test), 32):
             part = test[i:i + 32]
-            rows = reader_scores(net, inputs, [s["segments"] for s in part], [s["candidates"] for s in part], device)
+            rows = candidate_logits(net, inputs, [s["segments"] for s in part], [s["candidates"] for s in part], device)
             out += [float(row.argmax().item() == s["gold"]) for row, s in zip(rows, part)]
     return out, progress
 

@@ -458,7 +458,8 @@ def build_reader_bc(names: list[str], encoded_dir: str, episodes: dict[str, dict
 
     from harnessrl.heads.reader import table_embed
     from harnessrl.render import Renderer
-    from twx_bc import ReaderBCScorer, expert_examples, load_bc_encoder, load_segment_rows, train_listwise_reader
+    from harnessrl.behaviour_prior import train_listwise
+    from twx_bc import ReaderBCScorer, expert_examples, load_bc_encoder, load_segment_rows
 
     rows = load_segment_rows(str(Path(encoded_dir).parent / "transitions"))
     keeps = bc_filters(encoded_dir, [r["episode_id"] for r in rows], episodes)
@@ -487,7 +488,7 @@ def build_reader_bc(names: list[str], encoded_dir: str, episodes: dict[str, dict
                 raise SystemExit("bc-expert: no logged step records the expert's action (info.expert_action)")
         else:
             chosen = [r for r, keep in zip(rows, keeps[name]) if keep]
-        net, inputs, info[name] = train_listwise_reader(chosen, train_embed, encoder, paths, steps)
+        net, inputs, info[name] = train_listwise(chosen, train_embed, encoder, paths, steps)
         inputs.embed = live_embed
         out[name] = ReaderBCScorer(net, inputs, renderer)
         print(f"[twx-bench] {name}: {info[name]}", flush=True)

@@ -8,7 +8,8 @@ no service. At play time it renders the state with the pipeline's renderer and e
 with the same encoder (`load_bc_encoder`: the encoded dataset's own, checked against it).
 
 Reader head: its own network (harnessrl.algorithms.reader) over the state's segments, trained with
-the same listwise loss (`train_listwise_reader`; bench/cross_probe.py's reader scorers too).
+the same listwise loss (`harnessrl.behaviour_prior.train_listwise`, which also trains the reader critic's
+prior; bench/cross_probe.py's reader scorers too).
 """
 
 from __future__ import annotations
@@ -153,58 +154,6 @@ def expert_examples(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def train_listwise_reader(examples: list[dict[str, Any]], embed, encoder: str, paths: dict[str, bool], steps: int,
-                          batch: int = 32, seed: int = 0, lr: float = 1e-3, device: str = "cpu",
-                          log_every: int | None = None, max_seconds: float = 600.0):
-    """The reader head's network (harnessrl.algorithms.reader, the paths switched on in `paths`)
-    trained with softmax cross-entropy of `gold` against each example's candidates (no history
-    features): behaviour cloning here, the expert-label probe in bench/cross_probe.py.
-    Returns (network in eval mode, inputs for scoring, progress)."""
-    import collections
-    import random
-
-    import torch
-
-    from harnessrl.algorithms.reader import ReaderConfig, ReaderNetwork
-    from harnessrl.heads.reader import _inputs, role_stats
-
-    torch.manual_seed(seed)
-    rng = random.Random(seed)
-    cfg = ReaderConfig(sem_dim=embed([examples[0]["candidates"][0]]).shape[1], **paths)
-    inputs = _inputs(cfg, encoder, embed)
-    net = ReaderNetwork(cfg).to(device)
-    net.set_stats(*role_stats([{"s": [e["segments"] for e in examples], "n": [], "action": [],
-                                "cand": [e["candidates"] for e in examples]}], embed, cfg.sem_dim))
-    opt = torch.optim.Adam(net.parameters(), lr)
-    start, window, done = time.time(), collections.deque(maxlen=50), 0
-    for done in range(1, steps + 1):
-        part = rng.sample(examples, min(batch, len(examples)))
-        logits = reader_scores(net, inputs, [e["segments"] for e in part], [e["candidates"] for e in part], device)
-        loss = torch.nn.functional.cross_entropy(logits, torch.tensor([e["gold"] for e in part], device=device))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        window.append(float(loss.detach()))
-        if log_every and done % log_every == 0:
-            print(f"  reader step {done}/{steps}: loss {np.mean(window):.3f}, {time.time() - start:.0f} s", flush=True)
-        if time.time() - start > max_seconds:
-            break
-    net.eval()
-    return net, inputs, {"rows": len(examples), "steps": done, "seconds": round(time.time() - start, 1),
-                         "final_loss": round(float(np.mean(window)), 4) if window else None}
-
-
-def reader_scores(net, inputs, segments, candidates, device="cpu"):
-    """(B, K) scores of each state's candidates (padding: -1e9)."""
-    import torch
-
-    from harnessrl.heads.reader_inputs import as_tensors, assemble
-
-    b = as_tensors(assemble(inputs, segments, candidates), device)
-    x = net.stream(b)
-    return torch.minimum(*net.q(net.state(x, b, "s"), x, b)).masked_fill(~b["k_mask"], -1e9)
-
-
 class ReaderBCScorer:
     """A reader BC network and the renderer of the critic's settings, scoring live states."""
 
@@ -214,6 +163,8 @@ class ReaderBCScorer:
     def scores(self, state: dict, candidates: list[str]) -> list[float]:
         import torch
 
+        from harnessrl.behaviour_prior import candidate_logits
+
         segs = [(s.role, s.age, s.text) for s in self.renderer.parse(state).segments]
         with torch.no_grad():
-            return reader_scores(self.net, self.inputs, [segs], [candidates])[0].tolist()
+            return candidate_logits(self.net, self.inputs, [segs], [candidates])[0].tolist()

@@ -62,7 +62,8 @@ class ScoreRequest(BaseModel):
     prior_weight: float | None = Field(
         None, ge=0, allow_inf_nan=False,
         description="weight of the candidates' logprobs in the ranking for this request (0: the critic alone); "
-                    "null: the service's `prior_weight` setting")
+                    "without logprobs, those of the model's behaviour prior when it has one; null: the "
+                    "service's `prior_weight` setting")
 
     def state_value(self) -> str | dict:
         """The state as the client sent it (a history item without a status stays without one)."""
@@ -101,7 +102,8 @@ class ScoreResponse(BaseModel):
     scores: list[float] = Field(description="the critic's Q(s, a) per candidate, in reward units; higher is better")
     blended_scores: list[float] | None = Field(
         None, description="scores + prior_weight * logprob, when the service blends and every candidate has a logprob")
-    prior_weight: float = Field(0.0, description="weight of the agent's logprob in the ranking (0: critic only)")
+    prior_weight: float = Field(0.0, description="weight of the logprobs (the agent's, else the model's behaviour "
+                                                 "prior's) in the ranking (0: critic only)")
     best_index: int = Field(description="argmax of blended_scores when present, else of scores, over the candidates "
                                         "not listed in `repeats` (over all when every one is)")
     fallback: bool = Field(description="true when the critic's score of the chosen candidate is below the model's "

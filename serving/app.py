@@ -206,6 +206,9 @@ class CriticService:
             return {}
         return dict(zip(missing, await self.encoder.encode.remote(missing)))
 
+    def _weight(self, request: ScoreRequest) -> float:
+        return self.cfg.prior_weight if request.prior_weight is None else request.prior_weight
+
     async def _score_with(self, role: str, critic, requests: list[ScoreRequest]) -> list[ScoreResponse]:
         batch = [(r.state_value(), r.candidate_texts()) for r in requests]
         prep = critic.prepare(batch)
@@ -213,11 +216,17 @@ class CriticService:
         # Off the event loop: encoding and the forward pass are CPU-bound; the OOD check reuses the
         # states' embeddings (one small matrix product)
         all_scores, ood = await asyncio.to_thread(critic.score_prepared, prep, None, given, True)
+        # the model's behaviour prior, for requests whose candidates carry no logprob of the agent's
+        priors = await asyncio.to_thread(critic.prior_logprobs, prep, given) if critic.has_prior and any(
+            r.logprobs() is None and self._weight(r) > 0 for r in requests) else None
         ref = ModelRef(name=critic.name, version=critic.version)
         out = []
-        for request, parsed, (_, texts), scores, far in zip(requests, prep.parsed, batch, all_scores, ood):
+        for i, (request, parsed, (_, texts), scores, far) in enumerate(zip(requests, prep.parsed, batch, all_scores,
+                                                                            ood)):
             logprobs = request.logprobs()
-            weight = self.cfg.prior_weight if request.prior_weight is None else request.prior_weight
+            if logprobs is None and priors is not None:
+                logprobs = priors[i]
+            weight = self._weight(request)
             blended = blend(scores, logprobs, weight)
             avoid = self.cfg.avoid_repeats if request.avoid_repeats is None else request.avoid_repeats
             repeats = repeats_here(parsed.history, parsed.observation, texts) if avoid else None

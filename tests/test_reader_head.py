@@ -349,7 +349,7 @@ def test_a_reader_critic_trains_exports_loads_and_serves_with_equal_scores(ray_l
                                 for e in mdp.episodes(n, seed, 0.3, 0.95, weights, 25)))
     cfg = parse_pipeline({"name": "reader-it", "output_dir": str(tmp_path / "run"), "data": {"train": [str(logs)]},
                           "train": {"head": "reader", "steps": 2400, "log_every": 500, "checkpoint_every": 1000,
-                                    "validation_fraction": 0.2, "reader": {"batch_size": 32}},
+                                    "validation_fraction": 0.2, "reader": {"batch_size": 32, "prior_steps": 100}},
                           "render": {"tool_from": "first_word"},
                           "serve": {"enabled": False}, "registry": {"model_name": "reader-it"}})
     assert cfg.encoder.segments is True and cfg.encoder.state_texts is False
@@ -369,6 +369,16 @@ def test_a_reader_critic_trains_exports_loads_and_serves_with_equal_scores(ray_l
     local = [critic.score(s, actions) for s in states]
     again = Critic.load(str(tmp_path / "run" / "model"))  # the critic folder, not the registry
     assert np.allclose([again.score(s, actions) for s in states], local, atol=1e-5)
+    # the behaviour prior: saved and loaded with the critic; decide ranks by score + w * log pi_beta
+    assert critic.has_prior and again.has_prior
+    prep = critic.prepare([(s, actions) for s in states])
+    priors = critic.prior_logprobs(prep)
+    assert np.allclose(again.prior_logprobs(again.prepare([(s, actions) for s in states])), priors, atol=1e-5)
+    assert all(abs(sum(np.exp(p)) - 1) < 1e-4 for p in priors)
+    for s, sc, lp in zip(states, local, priors):
+        blended = np.asarray(sc) + 5.0 * np.asarray(lp)
+        assert critic.decide(s, actions, prior_weight=5.0).best_index == int(np.argmax(blended))
+        assert critic.decide(s, actions).best_index == int(np.argmax(sc))
     # the tool head reads the observation's embedding: one choice per state, the same after a reload
     assert set(actions) <= set(critic.tool_vocab), critic.tool_vocab
     tools = [critic.select_tool(s).probabilities for s in states]
@@ -378,10 +388,17 @@ def test_a_reader_critic_trains_exports_loads_and_serves_with_equal_scores(ray_l
     url = serving.start(summary["model"]["uri"], "127.0.0.1", free_port())
     try:
         with httpx.Client(base_url=url, timeout=60) as http:
-            for state, expect in zip(states, local):
+            for state, expect, lp in zip(states, local, priors):
                 body = http.post("/v1/score", json={"agent_id": "it", "state": state, "candidates": actions})
                 assert body.status_code == 200, body.text
                 assert np.allclose(body.json()["scores"], expect, atol=1e-5)
+                assert body.json()["blended_scores"] is None  # the serve config's prior_weight: 0
+                # asked to blend, with no logprob of the agent's: the model's prior
+                body = http.post("/v1/score", json={"agent_id": "it", "state": state, "candidates": actions,
+                                                    "prior_weight": 5.0}).json()
+                assert body["prior_weight"] == 5.0
+                assert np.allclose(body["blended_scores"], np.asarray(expect) + 5.0 * np.asarray(lp), atol=1e-4)
+                assert body["best_index"] == int(np.argmax(body["blended_scores"]))
             for state, expect in zip(states, tools):
                 body = http.post("/v1/select_tool", json={"agent_id": "it", "state": state})
                 assert body.status_code == 200, body.text

@@ -178,6 +178,12 @@ class ReaderHeadConfig(_Strict):
     batch_size: int = Field(64, ge=2, description="states per step over all workers (train.batch_size is the frozen "
                                                   "head's)")
     lr: float = Field(3e-4, gt=0)
+    prior_steps: int = Field(0, ge=0, description="steps of the behaviour prior (harnessrl.behaviour_prior): the "
+                                                  "logs' policy over each step's candidates, cloned after the "
+                                                  "critic's training and blended by the service as score + "
+                                                  "prior_weight * log pi when an agent sends no logprobs "
+                                                  "(0: none)")
+    prior_rows: int = Field(20000, ge=1, description="training rows (a keyed sample) the behaviour prior learns from")
 
     @model_validator(mode="after")
     def _check(self) -> "ReaderHeadConfig":

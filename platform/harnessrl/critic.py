@@ -179,6 +179,22 @@ class Critic:
             pos += len(cands)
         return out, flags
 
+    @property
+    def has_prior(self) -> bool:
+        """Whether the model holds a behaviour prior (harnessrl.behaviour_prior) to rank with."""
+        return bool(getattr(self.scorer, "has_prior", False))
+
+    def prior_logprobs(self, prep: Prepared, given: dict[str, np.ndarray] | None = None) -> list[list[float]] | None:
+        """log pi_beta(candidate | state) per request under the model's behaviour prior (None: it has none);
+        the texts it reads are the head's own, so after `score_prepared` they come from the LRU."""
+        if not self.has_prior:
+            return None
+        requests, parsed = prep.requests, prep.parsed
+        texts = self.scorer.embed_texts(parsed, [cands for _, cands in requests])
+        emb = dict(zip(texts, self.encode(texts, given))) if texts else {}
+        return self.scorer.prior_logprobs(parsed, [list(cands) for _, cands in requests],
+                                          lambda ts: np.stack([emb[t] for t in ts]) if ts else np.zeros((0, 0)))
+
     def values(self, states: Sequence[State], actions: list[str], next_states: Sequence[State], features=None
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Q(s, a), V(s), V(s') in reward units (offline evaluation) of states given as rendered text or
@@ -236,13 +252,17 @@ class Critic:
                             f"threshold {self.threshold:.3f}", ood, repeats)
         return Decision(scores, best, False, None, ood, repeats)
 
-    def decide(self, state: State, candidates: Sequence[str], avoid_repeats: bool = False) -> Decision:
-        """Score, OOD check and the avoid_repeats rule from one parse and one encode of the state."""
+    def decide(self, state: State, candidates: Sequence[str], avoid_repeats: bool = False,
+               prior_weight: float = 0.0) -> Decision:
+        """Score, OOD check and the avoid_repeats rule from one parse and one encode of the state; with
+        `prior_weight` w > 0 and a behaviour prior, the ranking is score + w * log pi_beta."""
         prep = self.prepare([(state, candidates)])
         (scores,), (far,) = self.score_prepared(prep, ood=True)
         parsed = prep.parsed[0]
+        priors = self.prior_logprobs(prep) if prior_weight > 0 else None
+        ranking = [s + prior_weight * lp for s, lp in zip(scores, priors[0])] if priors else None
         return self.decide_scores(scores, far, repeats_here(parsed.history, parsed.observation, candidates)
-                                  if avoid_repeats else None)
+                                  if avoid_repeats else None, ranking)
 
 
 def best_allowed(ranking: Sequence[float], avoid: Sequence[int] = ()) -> int:

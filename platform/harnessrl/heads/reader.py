@@ -251,10 +251,27 @@ class ReaderValidation(Validation):
 class ReaderScorer(Scorer):
     """Scores on the device its network is on (`ReaderHead.load`'s: a GPU when one is visible)."""
 
-    def __init__(self, net, inputs: Inputs):
+    def __init__(self, net, inputs: Inputs, prior=None):
         self.net, self.inputs = net.eval(), inputs
         self.device = next(net.parameters()).device
         self.uses_features = bool(net.feat_mean.numel())
+        self.prior = prior  # (network, inputs) of the behaviour prior (harnessrl.behaviour_prior), or None
+
+    @property
+    def has_prior(self) -> bool:
+        return self.prior is not None
+
+    def prior_logprobs(self, states, candidates, embed) -> list[list[float]]:
+        """log pi_beta(candidate | state) under the behaviour prior, per state over its candidates."""
+        from harnessrl.behaviour_prior import log_probabilities
+
+        net, inputs = self.prior
+        inputs = replace(inputs, embed=embed if net.cfg.semantic else None)
+        segs = [[(s.role, s.age, s.text) for s in p.segments] for p in states]
+        out = []
+        for i in range(0, len(segs), CHUNK):
+            out += log_probabilities(net, inputs, segs[i:i + CHUNK], candidates[i:i + CHUNK], self.device)
+        return out
 
     def state_text(self, state) -> str:
         """The current observation (no rendered state is embedded for this head)."""
@@ -346,7 +363,8 @@ class ReaderHead(Head):
         tool_head, vocab = tool_head_config(cfg, data.stats.tools, dim, data.stats.defined_tools)
         return {"network": network.to_dict(), "encoder_name": data.encoder_name, "texts_dir": texts_dir,
                 "role_stats": stats, "batch_size": r.batch_size, "history_dropout": r.history_dropout,
-                "penalty_on": r.penalty_on, "tool_head": tool_head, "tool_vocab": vocab}
+                "penalty_on": r.penalty_on, "tool_head": tool_head, "tool_vocab": vocab,
+                "prior_steps": r.prior_steps, "prior_rows": r.prior_rows}
 
     def _network(self, config: dict[str, Any]):
         from harnessrl.algorithms.reader import ReaderConfig, ReaderNetwork
@@ -451,7 +469,8 @@ class ReaderHead(Head):
         load_network_weights(checkpoint_dir, net, name=f"{prefix}state")
         tools = exported_tool_head(checkpoint_dir, config, prefix)
         embed = table_embed(config["texts_dir"]) if cfg.semantic else None
-        scorer = ReaderScorer(net, _inputs(cfg, config["encoder_name"], embed))
+        scorer = ReaderScorer(net, _inputs(cfg, config["encoder_name"], embed),
+                              self._train_prior(cfg, config, data) if config.get("prior_steps") else None)
         held_rows = data.calibration_n
         rows = load_rows(data.sample(data.calibration_rows, held_rows, THRESHOLD_ROWS, list(ROW_COLUMNS)))
         ok = np.flatnonzero(successful_mask(rows["outcome_success"]))
@@ -471,10 +490,33 @@ class ReaderHead(Head):
                         ood_held_out=observations(data.calibration, held_rows, HELD_OUT_STATES)
                         if data.calibration is not None else None)
 
+    def _train_prior(self, cfg, config: dict[str, Any], data: DriverData):
+        """The behaviour prior, cloned on the driver from a keyed sample of the training rows (None when no
+        step logged an untaken candidate)."""
+        from harnessrl.behaviour_prior import examples, train_listwise
+
+        rows = load_rows(data.sample(*data.training, config["prior_rows"], list(ROW_COLUMNS)))
+        chosen = examples(rows)
+        if not chosen:
+            log.warning("train: no training step logged an untaken candidate: no behaviour prior")
+            return None
+        paths = {"semantic": cfg.semantic, "tokens": cfg.tokens, "match": cfg.match}
+        net, inputs, progress = train_listwise(chosen, table_embed(config["texts_dir"]), config["encoder_name"], paths,
+                                               config["prior_steps"], seed=config["seed"])
+        log.info("train: behaviour prior from %d steps with candidates: %s", len(chosen), progress)
+        return net, inputs
+
     def save(self, directory, scorer: ReaderScorer) -> None:
+        import json
+
+        from harnessrl.behaviour_prior import PRIOR_CONFIG, PRIOR_WEIGHTS
         from harnessrl.model_files import WEIGHTS, save_weights
 
         save_weights(scorer.net, f"{directory}/{WEIGHTS}")
+        if scorer.has_prior:
+            save_weights(scorer.prior[0], f"{directory}/{PRIOR_WEIGHTS}")
+            with open(f"{directory}/{PRIOR_CONFIG}", "w") as f:
+                json.dump(scorer.prior[0].cfg.to_dict(), f, indent=1)
 
     def load(self, directory, card, device=None) -> ReaderScorer:
         from harnessrl.algorithms.iql import run_device
@@ -489,4 +531,24 @@ class ReaderHead(Head):
         net = ReaderNetwork(cfg)
         load_weights(net, f"{directory}/{WEIGHTS}")
         net.to(run_device(device))
-        return ReaderScorer(net, _inputs(cfg, card.identity.model_name, None))
+        return ReaderScorer(net, _inputs(cfg, card.identity.model_name, None),
+                            load_prior(directory, card.identity.model_name, device))
+
+
+def load_prior(directory, encoder_name: str, device=None):
+    """The behaviour prior saved beside a critic's weights ((network, inputs)), or None when it has none."""
+    import json
+    from pathlib import Path
+
+    from harnessrl.algorithms.iql import run_device
+    from harnessrl.algorithms.reader import ReaderConfig, ReaderNetwork
+    from harnessrl.behaviour_prior import PRIOR_CONFIG, PRIOR_WEIGHTS
+    from harnessrl.model_files import load_weights
+
+    if not (Path(directory) / PRIOR_WEIGHTS).is_file():
+        return None
+    cfg = ReaderConfig(**json.loads((Path(directory) / PRIOR_CONFIG).read_text()))
+    net = ReaderNetwork(cfg)
+    load_weights(net, f"{directory}/{PRIOR_WEIGHTS}")
+    net.to(run_device(device))
+    return net, _inputs(cfg, encoder_name, None)
