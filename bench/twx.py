@@ -14,6 +14,9 @@ Every scorer plays the same held-out seeds; at each step it gets the task, the h
                the behaviour prior (IQL's own extracted policy is pi_beta * exp(beta * A)): the
                service's prior blend with bc's log-probabilities as the candidates' logprobs,
                w = --bc-prior-weight
+  critic+prior the critic ranking by score + w * log pi_beta of its own behaviour prior (a reader critic
+               trained with train.reader.prior_steps > 0; the service blends it when a request's
+               candidates carry no logprob), w = --bc-prior-weight; without a prior, the critic
   bc-success   BC on successful episodes only
   bc-careful   BC on careful-agent episodes only (ceiling check: cloning the best behaviour)
   bc-expert    BC on the expert's action at every logged state that records one (`info.expert_action`,
@@ -70,8 +73,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import twx_rerank as rerank  # noqa: E402  (bench/ is no package)
 
-ALL_SCORERS = ("critic", "critic+bc", "mix", "careful", "mistaken", "flailing", "random", "bc", "bc-success",
-               "bc-careful", "bc-expert", "expert")
+ALL_SCORERS = ("critic", "critic+bc", "critic+prior", "mix", "careful", "mistaken", "flailing", "random", "bc",
+               "bc-success", "bc-careful", "bc-expert", "expert")
 DEFAULT_SCORERS = tuple(s for s in ALL_SCORERS if s != "bc-expert")  # bc-expert needs labelled logs: asked by name
 REDUCED_SCORERS = ("critic", "mix", "random", "bc", "expert")
 NO_REPEAT = "+norepeat"  # suffix of a learned scorer played under the avoid_repeats rule
@@ -298,9 +301,12 @@ def play(engine, scorer: str, family: str, fold: str, seed: int, max_steps: int,
             return behaviour_choice(AGENT_PROBS[agent], gold, candidates, rng)
         if agent == "random":
             return rng.choice(candidates)
-        if agent in ("critic", "critic+bc"):
+        if agent in ("critic", "critic+bc", "critic+prior"):
             if agent == "critic":
                 body = ctx["critic"].score(state, candidates, avoid_repeats=no_repeat)
+            elif agent == "critic+prior":
+                body = ctx["critic"].score(state, candidates, avoid_repeats=no_repeat,
+                                           prior_weight=ctx["bc_prior_weight"])
             else:
                 priors = behaviour_priors(candidates, ctx["bc"].scores(state, candidates))
                 body = ctx["critic"].score(state, priors, avoid_repeats=no_repeat, prior_weight=ctx["bc_prior_weight"])
@@ -644,8 +650,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "corpus from `python -m harnessrl.examples.twx --train-episodes 1500`; their seeds stay out of "
                    "the tiers (default: the bundled twx_train)")
     p.add_argument("--set", action="append", help="pipeline override when training here (repeatable)")
-    p.add_argument("--bc-prior-weight", type=float, default=1.0, help="critic+bc: the weight w of bc's "
-                   "log-probabilities (default %(default)s)")
+    p.add_argument("--bc-prior-weight", type=float, default=1.0, help="critic+bc, critic+prior: the weight w of "
+                   "bc's or the critic's own prior's log-probabilities (default %(default)s)")
     p.add_argument("--bc-steps", type=int, default=None, help="BC gradient steps (default 800; reduced 150)")
     p.add_argument("--reduced", action="store_true", help="the CI configuration (< 5 min on 2 cores)")
     p.add_argument("--reduced-episodes", type=int, default=40, help="log episodes (the first) the reduced critic "

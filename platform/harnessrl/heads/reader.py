@@ -513,7 +513,7 @@ class ReaderHead(Head):
         from harnessrl.model_files import WEIGHTS, save_weights
 
         save_weights(scorer.net, f"{directory}/{WEIGHTS}")
-        if scorer.has_prior:
+        if getattr(scorer, "prior", None) is not None:
             save_weights(scorer.prior[0], f"{directory}/{PRIOR_WEIGHTS}")
             with open(f"{directory}/{PRIOR_CONFIG}", "w") as f:
                 json.dump(scorer.prior[0].cfg.to_dict(), f, indent=1)
