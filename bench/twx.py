@@ -75,7 +75,8 @@ import twx_rerank as rerank  # noqa: E402  (bench/ is no package)
 
 ALL_SCORERS = ("critic", "critic+bc", "critic+prior", "mix", "careful", "mistaken", "flailing", "random", "bc",
                "bc-success", "bc-careful", "bc-expert", "expert")
-DEFAULT_SCORERS = tuple(s for s in ALL_SCORERS if s != "bc-expert")  # bc-expert needs labelled logs: asked by name
+# asked by name: bc-expert needs labelled logs, critic+prior a critic trained with a behaviour prior
+DEFAULT_SCORERS = tuple(s for s in ALL_SCORERS if s not in ("bc-expert", "critic+prior"))
 REDUCED_SCORERS = ("critic", "mix", "random", "bc", "expert")
 NO_REPEAT = "+norepeat"  # suffix of a learned scorer played under the avoid_repeats rule
 DEFAULT_FAMILIES = ("coin", "sorting", "arithmetic", "mapreader", "twc", "peckingorder")
