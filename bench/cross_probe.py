@@ -260,9 +260,9 @@ def reader(train: list[dict], test: list[dict], steps: int, batch: int, seed: in
     the expert's action like the other scorers (no history features; harnessrl.behaviour_prior.train_listwise)."""
     import torch
 
+    from harnessrl.behaviour_prior import candidate_logits, train_listwise
     from harnessrl.encoders import load_encoder
     from harnessrl.render import EMBEDDED_ROLES
-    from harnessrl.behaviour_prior import candidate_logits, train_listwise
 
     if not all(s["segments"] for s in train + test):
         raise SystemExit("the reader scorers need transitions with state_segments (made by this version's pipeline)")
@@ -276,7 +276,7 @@ def reader(train: list[dict], test: list[dict], steps: int, batch: int, seed: in
         return np.stack([table[t] for t in batch_texts])
 
     net, inputs, progress = train_listwise(train, embed, encoder, paths, steps, batch, seed, device=device,
-                                                  log_every=log_every, max_seconds=float("inf"))
+                                           log_every=log_every, max_seconds=float("inf"))
     with torch.no_grad():
         out = []
         for i in range(0, len(test), 32):
