@@ -303,14 +303,11 @@ def play(engine, scorer: str, family: str, fold: str, seed: int, max_steps: int,
         if agent == "random":
             return rng.choice(candidates)
         if agent in ("critic", "critic+bc", "critic+prior"):
-            if agent == "critic":
-                body = ctx["critic"].score(state, candidates, avoid_repeats=no_repeat)
-            elif agent == "critic+prior":
-                body = ctx["critic"].score(state, candidates, avoid_repeats=no_repeat,
-                                           prior_weight=ctx["bc_prior_weight"])
-            else:
-                priors = behaviour_priors(candidates, ctx["bc"].scores(state, candidates))
-                body = ctx["critic"].score(state, priors, avoid_repeats=no_repeat, prior_weight=ctx["bc_prior_weight"])
+            # critic+bc: bc's log-probabilities as the candidates'; critic+prior: the model's own prior
+            sent = behaviour_priors(candidates, ctx["bc"].scores(state, candidates)) if agent == "critic+bc" \
+                else candidates
+            body = ctx["critic"].score(state, sent, avoid_repeats=no_repeat,
+                                       prior_weight=None if agent == "critic" else ctx["bc_prior_weight"])
             best = int(body["best_index"])
             ranking = body.get("blended_scores") or body["scores"]  # what the service ranked by
             counts["fallbacks"] += bool(body["fallback"])

@@ -216,16 +216,15 @@ class CriticService:
         # Off the event loop: encoding and the forward pass are CPU-bound; the OOD check reuses the
         # states' embeddings (one small matrix product)
         all_scores, ood = await asyncio.to_thread(critic.score_prepared, prep, None, given, True)
+        agents = [r.logprobs() for r in requests]
         # the model's behaviour prior, for requests whose candidates carry no logprob of the agent's
         priors = await asyncio.to_thread(critic.prior_logprobs, prep, given) if critic.has_prior and any(
-            r.logprobs() is None and self._weight(r) > 0 for r in requests) else None
+            lp is None and self._weight(r) > 0 for r, lp in zip(requests, agents)) else None
         ref = ModelRef(name=critic.name, version=critic.version)
         out = []
         for i, (request, parsed, (_, texts), scores, far) in enumerate(zip(requests, prep.parsed, batch, all_scores,
                                                                             ood)):
-            logprobs = request.logprobs()
-            if logprobs is None and priors is not None:
-                logprobs = priors[i]
+            logprobs = agents[i] if agents[i] is not None or priors is None else priors[i]
             weight = self._weight(request)
             blended = blend(scores, logprobs, weight)
             avoid = self.cfg.avoid_repeats if request.avoid_repeats is None else request.avoid_repeats

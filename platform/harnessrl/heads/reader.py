@@ -519,20 +519,29 @@ class ReaderHead(Head):
                 json.dump(scorer.prior[0].cfg.to_dict(), f, indent=1)
 
     def load(self, directory, card, device=None) -> ReaderScorer:
-        from harnessrl.algorithms.iql import run_device
-        from harnessrl.algorithms.reader import VERSION, ReaderConfig, ReaderNetwork
+        from harnessrl.algorithms.reader import VERSION, ReaderConfig
         from harnessrl.errors import ModelError
-        from harnessrl.model_files import WEIGHTS, load_weights
+        from harnessrl.model_files import WEIGHTS
 
         if card.head_config.get("version") != VERSION:
             raise ModelError(f"critic {directory}: a reader network of version {card.head_config.get('version', 1)}; "
                              f"this release reads version {VERSION}: train it again")
         cfg = ReaderConfig(**card.head_config)
-        net = ReaderNetwork(cfg)
-        load_weights(net, f"{directory}/{WEIGHTS}")
-        net.to(run_device(device))
+        net = _loaded(cfg, f"{directory}/{WEIGHTS}", device)
         return ReaderScorer(net, _inputs(cfg, card.identity.model_name, None),
                             load_prior(directory, card.identity.model_name, device))
+
+
+def _loaded(cfg, weights: str, device=None):
+    """A reader network of `cfg` with the weights of a safetensors file, on `device` (default: a GPU when
+    one is visible)."""
+    from harnessrl.algorithms.iql import run_device
+    from harnessrl.algorithms.reader import ReaderNetwork
+    from harnessrl.model_files import load_weights
+
+    net = ReaderNetwork(cfg)
+    load_weights(net, weights)
+    return net.to(run_device(device))
 
 
 def load_prior(directory, encoder_name: str, device=None):
@@ -540,15 +549,10 @@ def load_prior(directory, encoder_name: str, device=None):
     import json
     from pathlib import Path
 
-    from harnessrl.algorithms.iql import run_device
-    from harnessrl.algorithms.reader import ReaderConfig, ReaderNetwork
+    from harnessrl.algorithms.reader import ReaderConfig
     from harnessrl.behaviour_prior import PRIOR_CONFIG, PRIOR_WEIGHTS
-    from harnessrl.model_files import load_weights
 
     if not (Path(directory) / PRIOR_WEIGHTS).is_file():
         return None
     cfg = ReaderConfig(**json.loads((Path(directory) / PRIOR_CONFIG).read_text()))
-    net = ReaderNetwork(cfg)
-    load_weights(net, f"{directory}/{PRIOR_WEIGHTS}")
-    net.to(run_device(device))
-    return net, _inputs(cfg, encoder_name, None)
+    return _loaded(cfg, f"{directory}/{PRIOR_WEIGHTS}", device), _inputs(cfg, encoder_name, None)
