@@ -13,7 +13,8 @@ Systems, run one after the other on the same machine, each with the same critic:
                  the Critic is not thread-safe; torch uses --baseline-threads threads)
   (a) harnessrl  serving.app.start(config=ServeConfig(...)): Ray Serve, @serve.batch, LRU
                  embedding cache, 1 replica unless --replicas; the encoder inline, or with
-                 --encoder as a deployment of its own (serve.encoder, 0.5 CPU)
+                 --encoder as a deployment of its own (serve.encoder, 0.5 CPU); the service's
+                 prior_weight (a reader critic's behaviour prior is computed too) unless --prior-weight
 Load: a separate process (asyncio + httpx) so the client never shares a GIL with a server.
   closed loop  --agents agents, each sends its next request when the previous answer arrives,
                for --duration-s after --warmup-s (both systems)
@@ -400,7 +401,8 @@ def bench_harnessrl(args, model: str, work: Path) -> dict:
         t0 = time.perf_counter()
         cfg = ServeConfig(model=model, port=free_port(), replicas=args.replicas, max_batch_size=args.max_batch_size,
                           batch_wait_timeout_s=args.batch_wait_s, reload_every_s=0,
-                          encoder={"num_cpus": 0.5} if getattr(args, "encoder", False) else None)
+                          encoder={"num_cpus": 0.5} if getattr(args, "encoder", False) else None,
+                          **({} if getattr(args, "prior_weight", None) is None else {"prior_weight": args.prior_weight}))
         url = app.start(config=cfg)
         wait_healthy(url, args.start_timeout_s)
         warm_up(url, args.k, args.start_timeout_s)
@@ -408,7 +410,9 @@ def bench_harnessrl(args, model: str, work: Path) -> dict:
         print(f"(a) harnessrl up in {out['start_s']:.1f} s; closed loop, {args.agents} agents, {args.duration_s} s ...",
               flush=True)
         out["closed"] = run_load(url, "closed", args, work, args.duration_s)
-        out["closed"]["embedding_cache"] = httpx.get(url + "/v1/model", timeout=10).json().get("embedding_cache")
+        info = httpx.get(url + "/v1/model", timeout=10).json()
+        out["closed"]["embedding_cache"] = info.get("embedding_cache")
+        out["prior"] = {"behaviour_prior": info.get("behaviour_prior"), "prior_weight": info.get("prior_weight")}
         prom = httpx.get(url + "/metrics", timeout=10).text
         out["closed"]["batch_size"] = batch_sizes(prom)
         out["closed"]["encoder_cache"] = encoder_cache(prom)
@@ -458,7 +462,8 @@ def print_report(out: dict) -> None:
     print()
     print(f"{out['agents']} agents, K={out['k']} candidates, corpus {CORPUS} ({out['episodes']} episodes, "
           f"{out['distinct_texts']} distinct state+candidate texts); model {out['model']}; {out['cpus']} CPUs; "
-          f"harnessrl encoder: {'a deployment of its own' if out.get('encoder') else 'inline'}")
+          f"harnessrl encoder: {'a deployment of its own' if out.get('encoder') else 'inline'}; behaviour prior: "
+          f"{a.get('prior')}")
     print(f"{'system':34s} {'ok':>6s} {'req/s':>7s} {'p50 ms':>8s} {'p99 ms':>8s} {'status':24s} {'unfin':>5s} "
           f"{'others CPU':>10s} {'load avg':>10s}")
     for name, r in rows:
@@ -511,6 +516,8 @@ def main() -> None:
                     help="(a) with the encoder as a deployment of its own (serve.encoder, 0.5 CPU) instead of inline")
     ap.add_argument("--max-batch-size", type=int, default=32)
     ap.add_argument("--batch-wait-s", type=float, default=0.01)
+    ap.add_argument("--prior-weight", type=float, default=None,
+                    help="(a)'s serve prior_weight (default: the service's; 0: no behaviour prior computed)")
     ap.add_argument("--baseline-threads", type=int, default=1,
                     help="torch threads of (b) (default 1, as a harnessrl replica)")
     ap.add_argument("--timeout-s", type=float, default=30, help="per request")

@@ -4,7 +4,8 @@ Every scorer plays the same held-out seeds; at each step it gets the task, the h
 (action, observation) and the valid actions, and the valid action it scores highest is taken.
 
   critic       the served critic: POST /v1/score on a running Ray Serve app with the structured
-               state {task, history, observation}; takes best_index (fallbacks are counted, not acted on)
+               state {task, history, observation} and prior_weight 0 (its scores alone, whatever the
+               service's default); takes best_index (fallbacks are counted, not acted on)
   mix          the behaviour mix of the logs (careful/mistaken/flailing ~25/50/25, one agent drawn
                per episode), the generator's own agents (harnessrl.examples.twx)
   careful, mistaken, flailing   each behaviour agent alone
@@ -14,9 +15,10 @@ Every scorer plays the same held-out seeds; at each step it gets the task, the h
                the behaviour prior (IQL's own extracted policy is pi_beta * exp(beta * A)): the
                service's prior blend with bc's log-probabilities as the candidates' logprobs,
                w = --bc-prior-weight
-  critic+prior the critic ranking by score + w * log pi_beta of its own behaviour prior (a reader critic
-               trained with train.reader.prior_steps > 0; the service blends it when a request's
-               candidates carry no logprob), w = --bc-prior-weight; without a prior, the critic
+  critic+prior the critic ranking by score + w * log pi_beta of its own behaviour prior (what the
+               service answers by default: a reader critic trains one unless
+               train.reader.prior_steps is 0, and the service blends it when a request's candidates
+               carry no logprob), w = --bc-prior-weight; without a prior, the critic
   bc-success   BC on successful episodes only
   bc-careful   BC on careful-agent episodes only (ceiling check: cloning the best behaviour)
   bc-expert    BC on the expert's action at every logged state that records one (`info.expert_action`,
@@ -75,8 +77,8 @@ import twx_rerank as rerank  # noqa: E402  (bench/ is no package)
 
 ALL_SCORERS = ("critic", "critic+bc", "critic+prior", "mix", "careful", "mistaken", "flailing", "random", "bc",
                "bc-success", "bc-careful", "bc-expert", "expert")
-# asked by name: bc-expert needs labelled logs, critic+prior a critic trained with a behaviour prior
-DEFAULT_SCORERS = tuple(s for s in ALL_SCORERS if s not in ("bc-expert", "critic+prior"))
+# asked by name: bc-expert needs labelled logs
+DEFAULT_SCORERS = tuple(s for s in ALL_SCORERS if s != "bc-expert")
 REDUCED_SCORERS = ("critic", "mix", "random", "bc", "expert")
 NO_REPEAT = "+norepeat"  # suffix of a learned scorer played under the avoid_repeats rule
 DEFAULT_FAMILIES = ("coin", "sorting", "arithmetic", "mapreader", "twc", "peckingorder")
@@ -303,11 +305,12 @@ def play(engine, scorer: str, family: str, fold: str, seed: int, max_steps: int,
         if agent == "random":
             return rng.choice(candidates)
         if agent in ("critic", "critic+bc", "critic+prior"):
-            # critic+bc: bc's log-probabilities as the candidates'; critic+prior: the model's own prior
+            # critic: its scores alone (whatever the service's default); critic+bc: bc's log-probabilities as
+            # the candidates'; critic+prior: the model's own prior
             sent = behaviour_priors(candidates, ctx["bc"].scores(state, candidates)) if agent == "critic+bc" \
                 else candidates
             body = ctx["critic"].score(state, sent, avoid_repeats=no_repeat,
-                                       prior_weight=None if agent == "critic" else ctx["bc_prior_weight"])
+                                       prior_weight=0.0 if agent == "critic" else ctx["bc_prior_weight"])
             best = int(body["best_index"])
             ranking = body.get("blended_scores") or body["scores"]  # what the service ranked by
             counts["fallbacks"] += bool(body["fallback"])
@@ -386,14 +389,14 @@ def free_port() -> int:
 
 def pipeline_overrides(args, work: Path) -> list[str]:
     """The quickstart pipeline's overrides for the bench's critic: its logs (reduced: the first
-    `--reduced-episodes` of them, train.steps=200), then the user's `--set`s."""
+    `--reduced-episodes` of them, train.steps=200, a prior of 150 steps), then the user's `--set`s."""
     overrides = [f"output_dir={work / 'pipeline'}", "serve.enabled=false", "data.heldout=[]",
                  f"registry.model_name={args.model_name}", "registry.experiment=twx-bench"]
     if args.reduced:
         subset = work / "twx_train_subset.jsonl"
         subset.write_bytes(b"".join(log_lines(args.logs)[: args.reduced_episodes]))
         overrides += [f"data.train=[{subset}]", "train.steps=200", "train.checkpoint_every=100",
-                      "train.batch_size=128", "train.log_every=50"]
+                      "train.batch_size=128", "train.log_every=50", "train.reader.prior_steps=150"]
     elif args.logs:
         overrides.append(f"data.train=[{Path(args.logs).resolve()}]")
     return overrides + list(args.set or [])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 # Hard ceilings of the schema. The limits a service enforces are smaller and configurable
@@ -104,6 +106,9 @@ class ScoreResponse(BaseModel):
         None, description="scores + prior_weight * logprob, when the service blends and every candidate has a logprob")
     prior_weight: float = Field(0.0, description="weight of the logprobs (the agent's, else the model's behaviour "
                                                  "prior's) in the ranking (0: critic only)")
+    prior: Literal["agent", "model"] | None = Field(
+        None, description="whose log-probabilities were blended: the agent's (its candidates carried them) or the "
+                          "model's behaviour prior (null: no blend)")
     best_index: int = Field(description="argmax of blended_scores when present, else of scores, over the candidates "
                                         "not listed in `repeats` (over all when every one is)")
     fallback: bool = Field(description="true when the critic's score of the chosen candidate is below the model's "
@@ -151,6 +156,9 @@ class ModelInfo(BaseModel):
     challenger: ModelRef | None = Field(None, description="answers the challenger share of agents, if configured")
     challenger_share: float = 0.0
     tools: list[str] = Field(description="tool vocabulary of the tool head (empty when the model has none)")
+    behaviour_prior: bool = Field(False, description="whether the champion holds a behaviour prior, blended when an "
+                                                     "agent's candidates carry no logprob (train.reader.prior_steps)")
+    prior_weight: float = Field(0.0, description="the service's prior_weight setting (a request's own overrides it)")
     embedding_cache: dict[str, int] = Field(default_factory=dict, description="this replica's LRU: hits, misses, size")
     encoder: dict
     lineage: dict

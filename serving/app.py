@@ -224,18 +224,20 @@ class CriticService:
         out = []
         for i, (request, parsed, (_, texts), scores, far) in enumerate(zip(requests, prep.parsed, batch, all_scores,
                                                                             ood)):
-            logprobs = agents[i] if agents[i] is not None or priors is None else priors[i]
+            source = "agent" if agents[i] is not None else "model" if priors is not None else None
+            logprobs = agents[i] if source == "agent" else priors[i] if source == "model" else None
             weight = self._weight(request)
             blended = blend(scores, logprobs, weight)
             avoid = self.cfg.avoid_repeats if request.avoid_repeats is None else request.avoid_repeats
             repeats = repeats_here(parsed.history, parsed.observation, texts) if avoid else None
             # with a blend, the blend ranks; the threshold (reward units) is checked on the critic's score
             d = critic.decide_scores(scores, far, repeats, blended)
+            on = blended is not None
             resp = ScoreResponse.model_construct(  # values of our own making: no validation pass
-                scores=d.scores, blended_scores=blended, prior_weight=weight if blended is not None
-                else 0.0, best_index=d.best_index, fallback=d.fallback, reason=d.reason, ood=d.ood,
-                repeats=d.repeats, model=ref, decision_id=uuid.uuid4().hex)
-            self.metrics.decision(role, d.fallback, d.ood, blended is not None)
+                scores=d.scores, blended_scores=blended, prior_weight=weight if on else 0.0,
+                prior=source if on else None, best_index=d.best_index, fallback=d.fallback, reason=d.reason,
+                ood=d.ood, repeats=d.repeats, model=ref, decision_id=uuid.uuid4().hex)
+            self.metrics.decision(role, d.fallback, d.ood, on)
             if self.log:
                 record = {**resp.model_dump(), "agent_id": request.agent_id, "state": request.state_value(),
                           "candidates": texts}
@@ -330,6 +332,7 @@ class CriticService:
                          challenger=self.challenger.ref if self.challenger else None,
                          challenger_share=self.challenger_share,
                          tools=critic.tool_vocab if critic.tool_head is not None else [],
+                         behaviour_prior=critic.has_prior, prior_weight=self.cfg.prior_weight,
                          embedding_cache=critic.lru.stats(),
                          encoder=critic.card.encoder, lineage=critic.card.lineage)
 

@@ -50,6 +50,8 @@ def test_both_systems_measured_without_server_errors(result):
     # the closed loop reached the service: its cache saw the requests' texts
     cache = out["harnessrl"]["closed"]["embedding_cache"]
     assert cache["hits"] + cache["misses"] > 0
+    # the service's defaults, as /v1/model reports them (the untrained critic is a frozen head: no prior)
+    assert out["harnessrl"]["prior"] == {"behaviour_prior": False, "prior_weight": 1.0}
     if out["harnessrl"]["closed"]["throughput_rps"] > 0:
         _check_phase(out["harnessrl"]["open"], "open")
         assert out["harnessrl"]["open"]["rate"] == pytest.approx(0.5 * out["harnessrl"]["closed"]["throughput_rps"])

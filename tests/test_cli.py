@@ -53,6 +53,8 @@ def test_unknown_model(tmp_path):
 @pytest.mark.parametrize("args,text", [
     (["score", "--model", "plainname", "--state", "s", "--candidate", "a"], "expected NAME@ALIAS"),
     (["score", "--model", "m@champion", "--state", "s"], "at least one --candidate"),
+    (["score", "--model", "m@champion", "--state", "s", "--candidate", "a", "--prior-weight", "-1"],
+     "--prior-weight must be a finite number >= 0"),
 ])
 def test_score_argument_errors(tmp_path, args, text):
     _assert_clean_error(harnessrl(*args, home=tmp_path), 2, text)

@@ -40,7 +40,7 @@ def test_submit_runs_the_pipeline_across_both_nodes(cluster, sample_slice, tmp_p
         # encoder actors spread across nodes (encode_pool.py); the train workers by configuration
         "encoder": {"batch_size": 32, "max_seq_length": 128, "actors": 2},
         "train": {"steps": 40, "batch_size": 64, "checkpoint_every": 20, "log_every": 20, "num_workers": 2,
-                  "placement_strategy": "SPREAD"},
+                  "placement_strategy": "SPREAD", "reader": {"prior_steps": 20}},
         "registry": {"experiment": "on-cluster", "model_name": MODEL_ON_CLUSTER, "alias": "champion"},
         "serve": {"enabled": False},
     }

@@ -201,4 +201,6 @@ def test_cli_score_uses_registered_model(pipeline_run):
     assert out.returncode == 0, out.stderr
     body = json.loads(out.stdout)
     assert len(body["scores"]) == 2 and body["best"] in ("take coin", "move west")
+    # a frozen critic holds no behaviour prior: nothing blended at the default weight
+    assert body["blended_scores"] is None and body["prior_weight"] == 0.0
     assert body["model"] == {"name": MODEL, "version": "1"}

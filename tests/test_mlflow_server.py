@@ -72,7 +72,7 @@ def test_pipeline_tracks_to_server_with_s3_artifacts(ray_local, sample_slice, s3
         "data": {"train": [str(sample_slice["train"])], "heldout": [str(sample_slice["test"])]},
         "render": {"window": 3, "max_chars": 1500, "tool_from": "first_word"},
         "encoder": {"batch_size": 32, "max_seq_length": 128},
-        "train": {"steps": 60, "batch_size": 64, "checkpoint_every": 60, "log_every": 20},
+        "train": {"steps": 60, "batch_size": 64, "checkpoint_every": 60, "log_every": 20, "reader": {"prior_steps": 20}},
         "registry": {"experiment": "mlflow-server", "model_name": MODEL, "alias": "champion"},
         "evaluate": {"max_heldout_steps": 50},
         "serve": {"enabled": False},

@@ -378,7 +378,11 @@ def test_a_reader_critic_trains_exports_loads_and_serves_with_equal_scores(ray_l
     for s, sc, lp in zip(states, local, priors):
         blended = np.asarray(sc) + 5.0 * np.asarray(lp)
         assert critic.decide(s, actions, prior_weight=5.0).best_index == int(np.argmax(blended))
-        assert critic.decide(s, actions).best_index == int(np.argmax(sc))
+        by_default = critic.decide(s, actions)  # prior_weight 1, as the service
+        assert np.allclose(by_default.ranking, np.asarray(sc) + np.asarray(lp), atol=1e-4)
+        assert by_default.best_index == int(np.argmax(by_default.ranking))
+        alone = critic.decide(s, actions, prior_weight=0)
+        assert alone.ranking is None and alone.best_index == int(np.argmax(sc))
     # the tool head reads the observation's embedding: one choice per state, the same after a reload
     assert set(actions) <= set(critic.tool_vocab), critic.tool_vocab
     tools = [critic.select_tool(s).probabilities for s in states]
@@ -388,17 +392,23 @@ def test_a_reader_critic_trains_exports_loads_and_serves_with_equal_scores(ray_l
     url = serving.start(summary["model"]["uri"], "127.0.0.1", free_port())
     try:
         with httpx.Client(base_url=url, timeout=60) as http:
+            info = http.get("/v1/model").json()
+            assert info["behaviour_prior"] is True and info["prior_weight"] == 1.0  # the serve config's default
             for state, expect, lp in zip(states, local, priors):
-                body = http.post("/v1/score", json={"agent_id": "it", "state": state, "candidates": actions})
-                assert body.status_code == 200, body.text
-                assert np.allclose(body.json()["scores"], expect, atol=1e-5)
-                assert body.json()["blended_scores"] is None  # the serve config's prior_weight: 0
-                # asked to blend, with no logprob of the agent's: the model's prior
-                body = http.post("/v1/score", json={"agent_id": "it", "state": state, "candidates": actions,
-                                                    "prior_weight": 5.0}).json()
-                assert body["prior_weight"] == 5.0
-                assert np.allclose(body["blended_scores"], np.asarray(expect) + 5.0 * np.asarray(lp), atol=1e-4)
-                assert body["best_index"] == int(np.argmax(body["blended_scores"]))
+                # no logprob of the agent's: the model's prior, at the service's weight (1) or the request's
+                for weight in (None, 5.0):
+                    body = http.post("/v1/score", json={"agent_id": "it", "state": state, "candidates": actions,
+                                                        "prior_weight": weight})
+                    assert body.status_code == 200, body.text
+                    body, w = body.json(), weight or 1.0
+                    assert np.allclose(body["scores"], expect, atol=1e-5)
+                    assert body["prior_weight"] == w and body["prior"] == "model"
+                    assert np.allclose(body["blended_scores"], np.asarray(expect) + w * np.asarray(lp), atol=1e-4)
+                    assert body["best_index"] == int(np.argmax(body["blended_scores"]))
+                off = http.post("/v1/score", json={"agent_id": "it", "state": state, "candidates": actions,
+                                                   "prior_weight": 0}).json()
+                assert off["blended_scores"] is None and off["prior"] is None
+                assert off["best_index"] == int(np.argmax(expect))
             for state, expect in zip(states, tools):
                 body = http.post("/v1/select_tool", json={"agent_id": "it", "state": state})
                 assert body.status_code == 200, body.text

@@ -63,14 +63,14 @@ def test_too_long_text_is_413_with_a_json_error(url):
 
 def test_prior_blending_ranks_by_score_plus_weighted_logprob(url):
     plain = _score(url, CANDIDATES).json()
-    assert plain["blended_scores"] is None and plain["prior_weight"] == 0.0
+    assert plain["blended_scores"] is None and plain["prior_weight"] == 0.0 and plain["prior"] is None
     raw = plain["scores"]
     # the agent is sure it does not want the critic's favourite: the blend picks another candidate
     logprobs = [-50.0 if i == plain["best_index"] else -0.1 * i for i in range(len(CANDIDATES))]
     body = _score(url, [{"text": c, "logprob": lp} for c, lp in zip(CANDIDATES, logprobs)])
     assert body.status_code == 200, body.text
     r = body.json()
-    assert r["prior_weight"] == WEIGHT
+    assert r["prior_weight"] == WEIGHT and r["prior"] == "agent"
     assert r["scores"] == pytest.approx(raw, abs=1e-5)  # the critic's own scores stay in the answer
     expected = [s + WEIGHT * lp for s, lp in zip(raw, logprobs)]
     assert r["blended_scores"] == pytest.approx(expected, abs=1e-5)

@@ -60,8 +60,9 @@ def test_decisions_and_feedback_are_logged_and_flushed_on_shutdown(logged_servic
     ids = []
     with httpx.Client(timeout=60, headers=auth) as http:
         for i in range(12):
-            r = http.post(f"{url}/v1/score", json={"agent_id": f"a{i}", "state": STATE,
-                                                    "candidates": ["take coin", f"move {i}"]})
+            cands = ["take coin", f"move {i}"]  # the first with the agent's logprobs: blended at serve's weight 1
+            r = http.post(f"{url}/v1/score", json={"agent_id": f"a{i}", "state": STATE, "candidates": [
+                {"text": c, "logprob": lp} for c, lp in zip(cands, (-0.1, -2.4))] if i == 0 else cands})
             assert r.status_code == 200
             ids.append(r.json()["decision_id"])
         for i, d in enumerate(ids[:5]):
@@ -78,6 +79,12 @@ def test_decisions_and_feedback_are_logged_and_flushed_on_shutdown(logged_servic
     by_id = {d["decision_id"]: d for d in decisions}
     assert by_id[ids[3]]["candidates"] == ["take coin", "move 3"] and by_id[ids[3]]["agent_id"] == "a3"
     assert by_id[ids[3]]["state"] == STATE and len(by_id[ids[3]]["scores"]) == 2
+    # whose log-probabilities ranked: the agent's, kept beside the blend; none for plain candidates (the
+    # frozen critic holds no behaviour prior)
+    first = by_id[ids[0]]
+    assert (first["prior"], first["prior_weight"], first["logprobs"]) == ("agent", 1.0, [-0.1, -2.4])
+    assert first["blended_scores"] == pytest.approx([s + lp for s, lp in zip(first["scores"], (-0.1, -2.4))])
+    assert by_id[ids[3]]["prior"] is None and "logprobs" not in by_id[ids[3]]
     assert [f["decision_id"] for f in feedback] == ids[:5]
     assert [f["outcome"]["success"] for f in feedback] == [True, False, True, False, True]
 

@@ -32,7 +32,8 @@ def test_rerun_skips_unchanged_stages_and_reruns_changed_ones(ray_local, sample_
         "evaluate": {"max_heldout_steps": 50},
         "render": {"window": 3, "max_chars": 1500, "tool_from": "first_word"},
         "encoder": {"batch_size": 32, "max_seq_length": 128},
-        "train": {"steps": 10, "batch_size": 32, "checkpoint_every": 10, "log_every": 10, "num_workers": 1},
+        "train": {"steps": 10, "batch_size": 32, "checkpoint_every": 10, "log_every": 10, "num_workers": 1,
+                  "reader": {"prior_steps": 20}},
         "registry": {"experiment": "stage-cache", "model_name": "stage-cache-critic"},
         "serve": {"enabled": False},
     }

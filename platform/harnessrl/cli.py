@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -207,6 +208,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_score(args: argparse.Namespace) -> int:
+    from harnessrl.config import PRIOR_WEIGHT
     from harnessrl.critic import Critic
 
     if not args.candidate:
@@ -217,9 +219,14 @@ def cmd_score(args: argparse.Namespace) -> int:
             state = json.loads(args.state)
         except ValueError as exc:
             raise ConfigError(f"--state looks like JSON but does not parse: {exc}") from None
+    weight = PRIOR_WEIGHT if args.prior_weight is None else args.prior_weight
+    if not (weight >= 0 and math.isfinite(weight)):
+        raise ConfigError(f"--prior-weight must be a finite number >= 0, got {weight}")
     critic = Critic.load(registry.model_uri(args.model, "--model"))
-    d = critic.decide(state, args.candidate)
-    print(json.dumps({"scores": d.scores, "best_index": d.best_index, "best": args.candidate[d.best_index],
+    d = critic.decide(state, args.candidate, prior_weight=weight)
+    print(json.dumps({"scores": d.scores, "blended_scores": d.ranking,
+                      "prior_weight": weight if d.ranking is not None else 0.0,
+                      "best_index": d.best_index, "best": args.candidate[d.best_index],
                       "fallback": d.fallback, "reason": d.reason,
                       "model": {"name": critic.name, "version": critic.version}}, indent=2))
     return 0
@@ -309,6 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--model", required=True, help=registry.FORMS)
     score.add_argument("--state", required=True, help="rendered text, or JSON {task, history, observation}")
     score.add_argument("--candidate", action="append", default=[], help="a candidate action; repeatable")
+    score.add_argument("--prior-weight", type=float, default=None,
+                       help="rank by score + w * log pi of the model's behaviour prior when it has one (default: the "
+                            "service's, harnessrl.config.PRIOR_WEIGHT; 0: the scores alone)")
     score.set_defaults(fn=cmd_score)
     return p
 

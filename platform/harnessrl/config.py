@@ -178,11 +178,11 @@ class ReaderHeadConfig(_Strict):
     batch_size: int = Field(64, ge=2, description="states per step over all workers (train.batch_size is the frozen "
                                                   "head's)")
     lr: float = Field(3e-4, gt=0)
-    prior_steps: int = Field(0, ge=0, description="steps of the behaviour prior (harnessrl.behaviour_prior): the "
-                                                  "logs' policy over each step's candidates, cloned after the "
-                                                  "critic's training and blended by the service as score + "
-                                                  "prior_weight * log pi when an agent sends no logprobs "
-                                                  "(0: none)")
+    prior_steps: int = Field(800, ge=0, description="steps of the behaviour prior (harnessrl.behaviour_prior): the "
+                                                    "logs' policy over each step's candidates, cloned after the "
+                                                    "critic's training and blended by the service as score + "
+                                                    "prior_weight * log pi when an agent sends no logprobs "
+                                                    "(0: none; bench/README.md, 'The prior in the product')")
     prior_rows: int = Field(20000, ge=1, description="training rows (a keyed sample) the behaviour prior learns from")
 
     @model_validator(mode="after")
@@ -192,6 +192,9 @@ class ReaderHeadConfig(_Strict):
         return self
 
 
+# score + w * log pi: the weight of an agent's logprobs or the model's behaviour prior, by default (w = 1 measured
+# best of 1, 3, 10 on TextWorldExpress: bench/README.md, "critic+bc" and "The prior in the product")
+PRIOR_WEIGHT = 1.0
 AUTO_STEPS = (2000, 50000)  # train.steps: auto stays within these (text Taxi needed 40,000: bench/README.md)
 
 
@@ -364,8 +367,10 @@ class ServeConfig(_Strict):
     max_text_chars: int = Field(20_000, ge=1, description="characters per state or candidate text; longer: 413")
     max_request_bytes: int = Field(16 * 2**20, ge=1024, description="request body (by Content-Length); larger: 413 "
                                                                     "before the body is parsed")
-    prior_weight: float = Field(0.0, ge=0, description="rank by score + prior_weight * the agent's logprob when "
-                                                       "candidates carry one (0: critic only)")
+    prior_weight: float = Field(PRIOR_WEIGHT, ge=0,
+                                description="rank by score + prior_weight * log pi: the agent's logprob when "
+                                            "candidates carry one, else the model's behaviour prior when it has "
+                                            "one (0: critic only)")
     avoid_repeats: bool = Field(False, description="never choose a candidate the agent already took from the same "
                                                    "observation while another is left (requests may override)")
     challenger: str | None = Field(None, description="model URI answering `challenger_share` of agents")

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from harnessrl import registry
+from harnessrl.config import PRIOR_WEIGHT
 from harnessrl.embedding_lru import EmbeddingLRU
 from harnessrl.encoders import load_encoder
 from harnessrl.errors import ModelError
@@ -56,6 +57,7 @@ class Decision:
     reason: str | None
     ood: bool | None = None  # state far from every training state (None: the model keeps no reference)
     repeats: list[int] | None = None  # candidates passed over as repeats (None: the rule was off)
+    ranking: list[float] | None = None  # what ranked when not the scores: score + w * log pi (a prior blended)
 
 
 class Critic:
@@ -249,13 +251,14 @@ class Critic:
         best = best_allowed(scores if ranking is None else ranking, repeats or ())
         if self.threshold is not None and scores[best] < self.threshold:
             return Decision(scores, best, True, f"critic score {scores[best]:.3f} of the chosen candidate below "
-                            f"threshold {self.threshold:.3f}", ood, repeats)
-        return Decision(scores, best, False, None, ood, repeats)
+                            f"threshold {self.threshold:.3f}", ood, repeats, ranking)
+        return Decision(scores, best, False, None, ood, repeats, ranking)
 
     def decide(self, state: State, candidates: Sequence[str], avoid_repeats: bool = False,
-               prior_weight: float = 0.0) -> Decision:
+               prior_weight: float = PRIOR_WEIGHT) -> Decision:
         """Score, OOD check and the avoid_repeats rule from one parse and one encode of the state; with
-        `prior_weight` w > 0 and a behaviour prior, the ranking is score + w * log pi_beta."""
+        `prior_weight` w > 0 and a behaviour prior, the ranking is score + w * log pi_beta (as the
+        service ranks by default; 0: the scores alone)."""
         prep = self.prepare([(state, candidates)])
         (scores,), (far,) = self.score_prepared(prep, ood=True)
         parsed = prep.parsed[0]
