@@ -168,7 +168,7 @@ def _evaluate_and_serve(cfg: PipelineConfig, out: str, recipe, model_uri: str, s
     steps = storage.read_parquet(storage.join(held, "transitions")).to_pylist() if h_ing.episodes else []
     rows = gold_rows(steps, cfg.evaluate.max_heldout_steps, cfg.evaluate.expert_field)
     t0 = time.time()
-    figures: dict[str, Any] = gold_top1(critic, rows)
+    figures: dict[str, Any] = gold_top1(critic, rows, prior_weight=cfg.serve.prior_weight)  # as served
     figures["ms_per_step"] = 1000 * (time.time() - t0) / len(rows) if rows else None
     figures.update(heldout_episodes=h_ing.episodes, heldout_steps=len(steps), expert_field=cfg.evaluate.expert_field)
     if not rows:

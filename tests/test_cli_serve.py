@@ -64,7 +64,7 @@ def test_shipped_serve_yaml_validates_and_a_bad_field_is_exit_code_2(tmp_path, c
     from harnessrl.serving.app import deployment_options
 
     cfg = load_serve(SHIPPED)
-    assert cfg.model and cfg.autoscaling is not None and cfg.max_candidates >= 1 and cfg.prior_weight == 0
+    assert cfg.model and cfg.autoscaling is not None and cfg.max_candidates >= 1 and cfg.prior_weight == 1.0
     opts = deployment_options(cfg)
     assert opts["autoscaling_config"]["max_replicas"] == cfg.autoscaling.max_replicas
     assert "num_replicas" not in opts and opts["ray_actor_options"]["num_cpus"] == cfg.num_cpus

@@ -114,3 +114,7 @@ def test_summary_with_labels_gives_the_figure():
           "heldout_steps": 40, "expert_field": "info.behaviour.expert_action"}
     assert heldout_line(ev) == ("held-out     40 test-seed steps: critic ranks the gold action first 0.500 vs random "
                                 "0.250 (2.0x); 2.0 ms/step in-process")
+    with_prior = {**ev, "gold_top1_prior": 0.625, "prior_weight": 1.0}
+    assert heldout_line(with_prior) == ("held-out     40 test-seed steps: critic ranks the gold action first 0.500 "
+                                        "(0.625 with its behaviour prior at w = 1, as served) vs random 0.250 (2.0x); "
+                                        "2.0 ms/step in-process")

@@ -383,6 +383,14 @@ def test_a_reader_critic_trains_exports_loads_and_serves_with_equal_scores(ray_l
         assert by_default.best_index == int(np.argmax(by_default.ranking))
         alone = critic.decide(s, actions, prior_weight=0)
         assert alone.ranking is None and alone.best_index == int(np.argmax(sc))
+    # the pipeline's held-out figure is measured both ways: the scores alone, and as the service ranks
+    from harnessrl.evaluation import gold_top1
+    rows = [{"state": s, "candidates": actions, "expert": actions[int(np.argmax(np.asarray(sc) + np.asarray(lp)))]}
+            for s, sc, lp in zip(states, local, priors)]
+    ev = gold_top1(critic, rows)
+    assert ev["gold_top1_prior"] == 1.0 and ev["prior_weight"] == 1.0
+    assert ev["gold_top1"] == np.mean([r["expert"] == actions[int(np.argmax(sc))] for r, sc in zip(rows, local)])
+    assert "gold_top1_prior" not in gold_top1(critic, rows, prior_weight=0)
     # the tool head reads the observation's embedding: one choice per state, the same after a reload
     assert set(actions) <= set(critic.tool_vocab), critic.tool_vocab
     tools = [critic.select_tool(s).probabilities for s in states]

@@ -89,8 +89,10 @@ def heldout_line(ev: dict[str, Any]) -> str:
                 f"with an expert action at {field} among its candidates: gold-action ranking not measured "
                 "(evaluate.expert_field names where the logs keep it)")
     lift = f"{ev['gold_top1'] / ev['random_top1']:.1f}x" if ev["random_top1"] else "n/a"
-    return (f"held-out     {ev['steps']} test-seed steps: critic ranks the gold action first {ev['gold_top1']:.3f} "
-            f"vs random {ev['random_top1']:.3f} ({lift}); {ev['ms_per_step']:.1f} ms/step in-process")
+    prior = (f" ({ev['gold_top1_prior']:.3f} with its behaviour prior at w = {ev['prior_weight']:g}, as served)"
+             if ev.get("gold_top1_prior") is not None else "")
+    return (f"held-out     {ev['steps']} test-seed steps: critic ranks the gold action first {ev['gold_top1']:.3f}"
+            f"{prior} vs random {ev['random_top1']:.3f} ({lift}); {ev['ms_per_step']:.1f} ms/step in-process")
 
 
 def _console(args: argparse.Namespace, command: str, name: str):

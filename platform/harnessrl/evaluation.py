@@ -4,7 +4,8 @@ Gold top-1: how often the critic ranks the expert's action first among the step'
 candidates, against a random scorer's expectation (mean of 1/|candidates|). The expert
 action is read from the logs for evaluation only (a dotted path, `evaluate.expert_field`,
 default `info.expert_action`); it is never a training input. Held-out data without expert
-labels has no such figure: it is reported as not measured (None), never as NaN.
+labels has no such figure: it is reported as not measured (None), never as NaN. A critic
+with a behaviour prior is also measured as the service ranks by default (score + w * log pi_beta).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable
 
-from harnessrl.config import EvaluateConfig
+from harnessrl.config import PRIOR_WEIGHT, EvaluateConfig
 from harnessrl.transitions import untaken_candidates
 
 EXPERT_FIELD: str = EvaluateConfig.model_fields["expert_field"].default
@@ -83,24 +84,47 @@ def smoke_rows(transitions: list[dict[str, Any]], gold: list[dict[str, Any]], n:
     return pool[::max(1, len(pool) // n)][:n]
 
 
-def score_rows(critic, rows: list[dict[str, Any]], chunk: int = 64) -> list[list[float]]:
-    """The critic's scores of each row's candidates, `chunk` rows per batch (with the rows' logged
-    history features when every row has them)."""
-    out: list[list[float]] = []
+def _prepared(critic, rows: list[dict[str, Any]], chunk: int):
+    """`chunk` rows at a time: the critic's parse of their (state, candidates) and the rows' logged
+    history features (None unless every row has them)."""
     for i in range(0, len(rows), chunk):
         part = rows[i:i + chunk]
         features = [r.get("features") for r in part]
-        out += critic.score_batch([(r.get("state") or r["state_text"], r["candidates"]) for r in part],
-                                  features=features if all(f is not None for f in features) else None)
-    return out
+        yield (critic.prepare([(r.get("state") or r["state_text"], r["candidates"]) for r in part]),
+               features if all(f is not None for f in features) else None)
 
 
-def gold_top1(critic, rows: list[dict[str, Any]], chunk: int = 64) -> dict[str, float | None]:
-    """Gold and random top-1 over `rows`; both None (not measured) when there are none."""
-    hits, baseline = 0, 0.0
-    for row, scores in zip(rows, score_rows(critic, rows, chunk)):
-        best = max(range(len(scores)), key=scores.__getitem__)
-        hits += row["candidates"][best] == row["expert"]
-        baseline += 1.0 / len(row["candidates"])
+def score_rows(critic, rows: list[dict[str, Any]], chunk: int = 64) -> list[list[float]]:
+    """The critic's scores of each row's candidates, `chunk` rows per batch (with the rows' logged
+    history features when every row has them)."""
+    return [s for prep, features in _prepared(critic, rows, chunk) for s in critic.score_prepared(prep, features)[0]]
+
+
+def prior_rows(critic, rows: list[dict[str, Any]], chunk: int = 64) -> list[list[float]] | None:
+    """log pi_beta of each row's candidates under the model's behaviour prior (None: it has none)."""
+    if not critic.has_prior:
+        return None
+    return [lp for prep, _ in _prepared(critic, rows, chunk) for lp in critic.prior_logprobs(prep)]
+
+
+def gold_top1(critic, rows: list[dict[str, Any]], chunk: int = 64, prior_weight: float = PRIOR_WEIGHT
+              ) -> dict[str, float | None]:
+    """Gold and random top-1 over `rows`; both None (not measured) when there are none. With a
+    behaviour prior and `prior_weight` > 0, also the top-1 of score + prior_weight * log pi_beta
+    (`gold_top1_prior`): what the service ranks by when an agent sends no logprobs."""
     n = len(rows)
-    return {"steps": n, "gold_top1": hits / n if n else None, "random_top1": baseline / n if n else None}
+    if not n:
+        return {"steps": 0, "gold_top1": None, "random_top1": None}
+
+    def top1(rankings: list[list[float]]) -> float:
+        return sum(r["candidates"][max(range(len(x)), key=x.__getitem__)] == r["expert"]
+                   for r, x in zip(rows, rankings)) / n
+
+    scores = score_rows(critic, rows, chunk)
+    out = {"steps": n, "gold_top1": top1(scores), "random_top1": sum(1.0 / len(r["candidates"]) for r in rows) / n}
+    priors = prior_rows(critic, rows, chunk) if prior_weight > 0 else None
+    if priors is not None:
+        out["gold_top1_prior"] = top1([[s + prior_weight * lp for s, lp in zip(sc, p)]
+                                       for sc, p in zip(scores, priors)])
+        out["prior_weight"] = prior_weight
+    return out
