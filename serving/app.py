@@ -30,6 +30,7 @@ from ray import serve
 
 from harnessrl import api_token
 from harnessrl.config import ServeConfig
+from harnessrl.critic import blend
 from harnessrl.serve_file import APP_NAME
 from harnessrl.features import repeats_here
 from harnessrl.serving import auth
@@ -132,13 +133,6 @@ def check_limits(texts: list[tuple[str, str]], n_candidates: int, cfg: ServeConf
         if len(text) > cfg.max_text_chars:
             raise HTTPException(status_code=413, detail=f"{where} is {len(text)} characters; this service accepts "
                                 f"at most {cfg.max_text_chars} per text (serve.max_text_chars)")
-
-
-def blend(scores: list[float], logprobs: list[float] | None, weight: float) -> list[float] | None:
-    """score + weight * logprob per candidate; None when off (weight 0) or the request has no logprobs."""
-    if weight <= 0 or logprobs is None:
-        return None
-    return [s + weight * lp for s, lp in zip(scores, logprobs)]
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=64)

@@ -263,9 +263,16 @@ class Critic:
         (scores,), (far,) = self.score_prepared(prep, ood=True)
         parsed = prep.parsed[0]
         priors = self.prior_logprobs(prep) if prior_weight > 0 else None
-        ranking = [s + prior_weight * lp for s, lp in zip(scores, priors[0])] if priors else None
+        ranking = blend(scores, priors[0] if priors else None, prior_weight)
         return self.decide_scores(scores, far, repeats_here(parsed.history, parsed.observation, candidates)
                                   if avoid_repeats else None, ranking)
+
+
+def blend(scores: Sequence[float], logprobs: Sequence[float] | None, weight: float) -> list[float] | None:
+    """score + weight * logprob per candidate; None when off (weight 0) or there are no logprobs."""
+    if weight <= 0 or logprobs is None:
+        return None
+    return [s + weight * lp for s, lp in zip(scores, logprobs)]
 
 
 def best_allowed(ranking: Sequence[float], avoid: Sequence[int] = ()) -> int:

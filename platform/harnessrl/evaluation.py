@@ -14,6 +14,7 @@ import json
 from typing import Any, Iterable
 
 from harnessrl.config import PRIOR_WEIGHT, EvaluateConfig
+from harnessrl.critic import blend
 from harnessrl.transitions import untaken_candidates
 
 EXPERT_FIELD: str = EvaluateConfig.model_fields["expert_field"].default
@@ -100,13 +101,6 @@ def score_rows(critic, rows: list[dict[str, Any]], chunk: int = 64) -> list[list
     return [s for prep, features in _prepared(critic, rows, chunk) for s in critic.score_prepared(prep, features)[0]]
 
 
-def prior_rows(critic, rows: list[dict[str, Any]], chunk: int = 64) -> list[list[float]] | None:
-    """log pi_beta of each row's candidates under the model's behaviour prior (None: it has none)."""
-    if not critic.has_prior:
-        return None
-    return [lp for prep, _ in _prepared(critic, rows, chunk) for lp in critic.prior_logprobs(prep)]
-
-
 def gold_top1(critic, rows: list[dict[str, Any]], chunk: int = 64, prior_weight: float = PRIOR_WEIGHT
               ) -> dict[str, float | None]:
     """Gold and random top-1 over `rows`; both None (not measured) when there are none. With a
@@ -115,16 +109,19 @@ def gold_top1(critic, rows: list[dict[str, Any]], chunk: int = 64, prior_weight:
     n = len(rows)
     if not n:
         return {"steps": 0, "gold_top1": None, "random_top1": None}
+    prior = prior_weight > 0 and critic.has_prior
+    scores, blended = [], []
+    for prep, features in _prepared(critic, rows, chunk):  # one parse per chunk for both rankings
+        part = critic.score_prepared(prep, features)[0]
+        scores += part
+        if prior:
+            blended += [blend(s, lp, prior_weight) for s, lp in zip(part, critic.prior_logprobs(prep))]
 
     def top1(rankings: list[list[float]]) -> float:
         return sum(r["candidates"][max(range(len(x)), key=x.__getitem__)] == r["expert"]
                    for r, x in zip(rows, rankings)) / n
 
-    scores = score_rows(critic, rows, chunk)
     out = {"steps": n, "gold_top1": top1(scores), "random_top1": sum(1.0 / len(r["candidates"]) for r in rows) / n}
-    priors = prior_rows(critic, rows, chunk) if prior_weight > 0 else None
-    if priors is not None:
-        out["gold_top1_prior"] = top1([[s + prior_weight * lp for s, lp in zip(sc, p)]
-                                       for sc, p in zip(scores, priors)])
-        out["prior_weight"] = prior_weight
+    if prior:
+        out.update(gold_top1_prior=top1(blended), prior_weight=prior_weight)
     return out
