@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from harnessrl import diagnosis, metrics, storage
+from harnessrl.config import PRIOR_WEIGHT
 from harnessrl.errors import DataError
 from harnessrl.evaluation import row_state
 
@@ -52,23 +53,47 @@ def _candidate_rows(rows: list[dict]) -> list[dict]:
             for r in rows if r.get("candidates") and len(r["candidates"]) > 1]
 
 
-def _decisions(critic, rows: list[dict], expert_field: str) -> dict[str, Any]:
-    """Scores of every candidate of every step that logged candidates; expert top-1 where the
-    step names the expert's action (at `expert_field`, see harnessrl.evaluation.expert_action)."""
-    from harnessrl.evaluation import expert_action
+def _decisions(critic, rows: list[dict], expert_field: str, prior_weight: float) -> dict[str, Any]:
+    """Every step that logged candidates: its scores, the service's ranking (score + prior_weight *
+    log pi_beta; None for every step when the critic has no behaviour prior or the weight is 0), and
+    the expert's index where the step names the expert's action (at `expert_field`, see
+    harnessrl.evaluation.expert_action)."""
+    from harnessrl.evaluation import expert_action, ranked
 
     with_c = _candidate_rows(rows)
-    scores: list[list[float]] = []
-    for i in range(0, len(with_c), 64):
-        part = with_c[i:i + 64]
-        feats = [r["cand_f"] for r in part]
-        scores += critic.score_batch([(row_state(r), r["cands"]) for r in part],
-                                     features=feats if all(x is not None for x in feats) else None)
+    scores, blended = ranked(critic, [{"state": row_state(r), "candidates": r["cands"], "features": r["cand_f"]}
+                                      for r in with_c], prior_weight=prior_weight)
     experts = []
     for r in with_c:
         expert = expert_action(r, expert_field)
         experts.append(r["cands"].index(expert) if expert in r["cands"] else None)
-    return {"rows": with_c, "scores": scores, "experts": experts}
+    return {"rows": with_c, "scores": scores, "blended": blended, "experts": experts}
+
+
+def _decision_figures(critic, dec: dict[str, Any], prior_weight: float) -> dict[str, float]:
+    """The steps decided as the service decides them (`Critic.decide_scores` on the blended ranking
+    when there is one): expert top-1 of the scores alone and of that ranking (`expert_top1_prior`),
+    the fallback flag's rate, overall and on the steps of successful episodes
+    (`fallback_rate_success_decisions`: what an agent sees where it succeeds), and how often the
+    chosen candidate misses the expert's with the flag up and down (a flag worth heeding: far apart)."""
+    blended = dec["blended"]
+    out = {f"expert_{k}": v for k, v in metrics.top1_rate(dec["scores"], dec["experts"]).items()}
+    out["prior_weight"] = prior_weight if blended is not None else 0.0
+    if blended is not None:
+        out["expert_top1_prior"] = metrics.top1_rate(blended, dec["experts"])["top1"]
+    rankings = blended or [None] * len(dec["scores"])
+    decisions = [critic.decide_scores(s, ranking=b) for s, b in zip(dec["scores"], rankings)]
+    flags = np.array([d.fallback for d in decisions], bool)
+    out["fallback_rate"] = float(flags.mean()) if flags.size else float("nan")
+    ok = np.array([bool(r.get("outcome_success")) for r in dec["rows"]], bool)
+    if critic.threshold is not None and ok.any():
+        out["fallback_rate_success_decisions"] = float(flags[ok].mean())
+    # what the flag is worth: how often the chosen candidate is not the expert's, flagged or not
+    known = np.array([e is not None for e in dec["experts"]], bool)
+    miss = np.array([e is not None and d.best_index != e for d, e in zip(decisions, dec["experts"])], bool)
+    for name, where in (("expert_miss_fallback", known & flags), ("expert_miss_no_fallback", known & ~flags)):
+        out[name] = float(miss[where].mean()) if where.any() else float("nan")
+    return out
 
 
 def _tool_metrics(critic, rows: list[dict]) -> dict[str, float]:
@@ -204,13 +229,14 @@ def _held_out(rows: list[dict], card, include_seen: bool) -> tuple[list[dict], d
 def evaluate(model_uri: str, sources: list[str], fmt: str = "auto", out_dir: str | None = None,
              max_steps: int | None = None, log_to_mlflow: bool = True,
              experiment: str = "harnessrl-evaluate", include_seen: bool = False,
-             expert_field: str | None = None) -> EvaluationResult:
+             expert_field: str | None = None, prior_weight: float = PRIOR_WEIGHT) -> EvaluationResult:
     """Score held-out logs with the critic at `model_uri`; returns metrics, findings and the report path.
 
     Task groups the model trained on are left out (their figures would be optimistic) unless
     `include_seen`; how many were is in the metrics (`seen_groups`). `expert_field`: the dotted
     path of the expert's action in a step (default `evaluation.EXPERT_FIELD`; expert top-1 is n/a
-    where no step names one)."""
+    where no step names one). `prior_weight`: the decisions are ranked as the service ranks at this
+    weight (score + w * log pi_beta when the critic has a behaviour prior; 0: the scores alone)."""
     from harnessrl.critic import Critic
     from harnessrl.evaluation import EXPERT_FIELD
     from harnessrl.pipelines.ingest import ingest
@@ -241,12 +267,11 @@ def evaluate(model_uri: str, sources: list[str], fmt: str = "auto", out_dir: str
     figures["spearman_v_rtg"] = metrics.spearman(values["v"], [x["return_to_go"] for x in rows])
     figures.update(_episode_selection(rows, values["q"]))
     expert_field = expert_field or EXPERT_FIELD
-    dec = _decisions(critic, rows, expert_field)
-    figures.update({f"expert_{k}": v for k, v in metrics.top1_rate(dec["scores"], dec["experts"]).items()})
+    dec = _decisions(critic, rows, expert_field, prior_weight)
+    figures.update(_decision_figures(critic, dec, prior_weight))
     if not figures["expert_n_steps"]:
         log.warning("evaluate: no held-out step has an expert action at %s among its candidates: expert top-1 "
                     "not measured", expert_field)
-    figures["fallback_rate"] = metrics.fallback_rate([max(s) for s in dec["scores"]], critic.threshold)
     figures.update(calibration(critic, rows, values["q"]))
     figures.update(_tool_metrics(critic, rows))
     figures.update(_latency(critic, dec["rows"]))

@@ -39,6 +39,9 @@ def test_metrics_are_computed(result):
     assert m["latency_p50_ms"] <= m["latency_p99_ms"]
     assert m["spearman_v_rtg"] > 0  # a trained V orders held-out states by what followed them
     assert m["seen_groups_checked"] == 1 and m["seen_groups"] == 0  # test-fold seeds: no task in both
+    # a frozen critic has no behaviour prior: its steps are decided by the scores alone
+    assert m["prior_weight"] == 0.0 and "expert_top1_prior" not in m
+    assert 0 <= m["fallback_rate_success_decisions"] <= 1
 
 
 def test_task_groups_seen_in_training_are_left_out(pipeline_run, sample_slice, tmp_path):

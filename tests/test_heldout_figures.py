@@ -5,6 +5,7 @@ requests chosen whether or not the steps are labelled."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -118,3 +119,29 @@ def test_summary_with_labels_gives_the_figure():
     assert heldout_line(with_prior) == ("held-out     40 test-seed steps: critic ranks the gold action first 0.500 "
                                         "(0.625 with its behaviour prior at w = 1, as served) vs random 0.250 (2.0x); "
                                         "2.0 ms/step in-process")
+
+
+def test_evaluate_decides_held_out_steps_as_the_service_does():
+    """`harnessrl evaluate`'s decision figures go through Critic.decide_scores on the served ranking:
+    with a blend, the blend chooses and the fallback flag reads the chosen candidate's critic score;
+    without one, the scores alone. A constructed case whose two rankings disagree on every figure."""
+    from pathlib import Path
+
+    from harnessrl.critic import Critic
+    from harnessrl.jobs.evaluate import _decision_figures
+
+    critic = Critic.load(Path(__file__).parent / "data" / "critic_v1")  # no encoder is loaded: scores are given
+    t = critic.threshold
+    scores = [[t + 1, t - 1], [t - 1, t + 1], [t - 2, t - 3], [t + 0.5, t + 2]]
+    blended = [[0.0, 5.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]]  # chooses 1, 1, 0, 1
+    dec = {"rows": [{"outcome_success": ok} for ok in (True, True, False, True)], "scores": scores,
+           "blended": blended, "experts": [0, 1, None, 1]}
+    served = _decision_figures(critic, dec, 2.0)
+    assert served["prior_weight"] == 2.0 and served["expert_n_steps"] == 3
+    assert served["expert_top1"] == 1.0 and served["expert_top1_prior"] == pytest.approx(2 / 3)
+    assert served["fallback_rate"] == 0.5 and served["fallback_rate_success_decisions"] == pytest.approx(1 / 3)
+    assert served["expert_miss_fallback"] == 1.0 and served["expert_miss_no_fallback"] == 0.0  # step 0 flagged
+    alone = _decision_figures(critic, {**dec, "blended": None}, 0.0)
+    assert alone["prior_weight"] == 0.0 and "expert_top1_prior" not in alone
+    assert alone["fallback_rate"] == 0.25 and alone["fallback_rate_success_decisions"] == 0.0
+    assert alone["expert_miss_no_fallback"] == 0.0 and math.isnan(alone["expert_miss_fallback"])  # none flagged

@@ -171,13 +171,7 @@ def test_policy_entropy_rejects_non_distributions():
         M.policy_entropy(np.array([[0.5, 0.6]]))
 
 
-# ---- fallback, latency, OOD, loops ------------------------------------------------------------
-def test_fallback_rate_is_strictly_below_threshold():
-    assert M.fallback_rate([0.1, 0.5, 0.9, 0.49], 0.5) == pytest.approx(0.5)
-    assert M.fallback_rate([0.1, 0.2], None) == 0.0
-    assert math.isnan(M.fallback_rate([], 0.5))
-
-
+# ---- latency, OOD, loops ------------------------------------------------------------
 def test_latency_summary_on_1_to_100_ms():
     out = M.latency_summary(np.arange(1, 101) / 1000.0)
     assert out["p50_ms"] == pytest.approx(50.5)

@@ -435,4 +435,7 @@ def test_a_reader_critic_trains_exports_loads_and_serves_with_equal_scores(ray_l
     assert n_cal and n_eval >= 30, (n_cal, m)
     tolerance = 3 * np.sqrt(q * (1 - q) * (1 / n_cal + 1 / n_eval)) + 1 / n_cal
     assert abs(m["fallback_rate_success_steps"] - q) <= tolerance, (tolerance, n_cal, m)
+    # decided as served (the prior blended at the service's weight), the flag an agent that succeeds
+    # gets is no more frequent than the calibration's share
+    assert m["prior_weight"] == 1.0 and m["fallback_rate_success_decisions"] <= q + tolerance, m
     assert m["ood_rate"] <= 0.05, m

@@ -179,11 +179,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     uri = registry.model_uri(args.model, "--model")
     field = args.expert_field or EXPERT_FIELD
+    weight = _prior_weight(args)
     preflight.sources(args.data, "--data source")  # before Ray starts
     with _console(args, "evaluate", uri.rsplit("/", 1)[-1]):
         init_ray(args.address)
         r = evaluate(uri, args.data, args.format, args.out, args.max_steps,
-                     log_to_mlflow=not args.no_mlflow, include_seen=args.include_seen, expert_field=field)
+                     log_to_mlflow=not args.no_mlflow, include_seen=args.include_seen, expert_field=field,
+                     prior_weight=weight)
     if args.json:
         print(json.dumps(r.summary(), indent=2, default=str))
         return 0
@@ -209,8 +211,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_score(args: argparse.Namespace) -> int:
+def _prior_weight(args: argparse.Namespace) -> float:
+    """--prior-weight, checked (default: the service's, harnessrl.config.PRIOR_WEIGHT)."""
     from harnessrl.config import PRIOR_WEIGHT
+
+    weight = PRIOR_WEIGHT if args.prior_weight is None else args.prior_weight
+    if not (weight >= 0 and math.isfinite(weight)):
+        raise ConfigError(f"--prior-weight must be a finite number >= 0, got {weight}")
+    return weight
+
+
+def cmd_score(args: argparse.Namespace) -> int:
     from harnessrl.critic import Critic
 
     if not args.candidate:
@@ -221,9 +232,7 @@ def cmd_score(args: argparse.Namespace) -> int:
             state = json.loads(args.state)
         except ValueError as exc:
             raise ConfigError(f"--state looks like JSON but does not parse: {exc}") from None
-    weight = PRIOR_WEIGHT if args.prior_weight is None else args.prior_weight
-    if not (weight >= 0 and math.isfinite(weight)):
-        raise ConfigError(f"--prior-weight must be a finite number >= 0, got {weight}")
+    weight = _prior_weight(args)
     critic = Critic.load(registry.model_uri(args.model, "--model"))
     d = critic.decide(state, args.candidate, prior_weight=weight)
     print(json.dumps({"scores": d.scores, "blended_scores": d.ranking,
@@ -236,6 +245,8 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 ADDRESS_HELP = ("the Ray cluster to run on: HEAD:6379, auto, ray://HEAD:10001, or its dashboard http://HEAD:8265 "
                 "(then its GCS at HEAD:6379); default: RAY_ADDRESS, else a local Ray on 127.0.0.1")
+PRIOR_WEIGHT_HELP = ("rank by score + w * log pi of the model's behaviour prior when it has one (default: the "
+                     "service's, harnessrl.config.PRIOR_WEIGHT; 0: the scores alone)")
 UNTIL = ("encode", "train")  # jobs.pipeline.run_pipeline's `until`
 UNTIL_HELP = ("stop after this stage: encode (prepare the data once, then `harnessrl train` it as often as wanted), "
               "train (train and register; no held-out evaluation or serve check)")
@@ -297,6 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--expert-field", metavar="PATH",
                     help="dotted path of the expert's action in a step, e.g. info.behaviour.expert_action "
                          "(default info.expert_action)")
+    ev.add_argument("--prior-weight", type=float, default=None,
+                    help=PRIOR_WEIGHT_HELP + "; decisions, expert_top1_prior and the fallback rates use it")
     ev.add_argument("--address", help=ADDRESS_HELP)
     ev.set_defaults(fn=cmd_evaluate)
 
@@ -318,9 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--model", required=True, help=registry.FORMS)
     score.add_argument("--state", required=True, help="rendered text, or JSON {task, history, observation}")
     score.add_argument("--candidate", action="append", default=[], help="a candidate action; repeatable")
-    score.add_argument("--prior-weight", type=float, default=None,
-                       help="rank by score + w * log pi of the model's behaviour prior when it has one (default: the "
-                            "service's, harnessrl.config.PRIOR_WEIGHT; 0: the scores alone)")
+    score.add_argument("--prior-weight", type=float, default=None, help=PRIOR_WEIGHT_HELP)
     score.set_defaults(fn=cmd_score)
     return p
 

@@ -98,7 +98,22 @@ def _prepared(critic, rows: list[dict[str, Any]], chunk: int):
 def score_rows(critic, rows: list[dict[str, Any]], chunk: int = 64) -> list[list[float]]:
     """The critic's scores of each row's candidates, `chunk` rows per batch (with the rows' logged
     history features when every row has them)."""
-    return [s for prep, features in _prepared(critic, rows, chunk) for s in critic.score_prepared(prep, features)[0]]
+    return ranked(critic, rows, chunk, prior_weight=0)[0]
+
+
+def ranked(critic, rows: list[dict[str, Any]], chunk: int = 64, prior_weight: float = PRIOR_WEIGHT
+           ) -> tuple[list[list[float]], list[list[float]] | None]:
+    """Each row's critic scores and, with a behaviour prior and `prior_weight` > 0, the service's
+    ranking of its candidates when an agent sends no logprobs: score + prior_weight * log pi_beta
+    (None otherwise). One parse per chunk for both."""
+    prior = prior_weight > 0 and critic.has_prior
+    scores, blended = [], []
+    for prep, features in _prepared(critic, rows, chunk):
+        part = critic.score_prepared(prep, features)[0]
+        scores += part
+        if prior:
+            blended += [blend(s, lp, prior_weight) for s, lp in zip(part, critic.prior_logprobs(prep))]
+    return scores, blended if prior else None
 
 
 def gold_top1(critic, rows: list[dict[str, Any]], chunk: int = 64, prior_weight: float = PRIOR_WEIGHT
@@ -109,19 +124,13 @@ def gold_top1(critic, rows: list[dict[str, Any]], chunk: int = 64, prior_weight:
     n = len(rows)
     if not n:
         return {"steps": 0, "gold_top1": None, "random_top1": None}
-    prior = prior_weight > 0 and critic.has_prior
-    scores, blended = [], []
-    for prep, features in _prepared(critic, rows, chunk):  # one parse per chunk for both rankings
-        part = critic.score_prepared(prep, features)[0]
-        scores += part
-        if prior:
-            blended += [blend(s, lp, prior_weight) for s, lp in zip(part, critic.prior_logprobs(prep))]
+    scores, blended = ranked(critic, rows, chunk, prior_weight)
 
     def top1(rankings: list[list[float]]) -> float:
         return sum(r["candidates"][max(range(len(x)), key=x.__getitem__)] == r["expert"]
                    for r, x in zip(rows, rankings)) / n
 
     out = {"steps": n, "gold_top1": top1(scores), "random_top1": sum(1.0 / len(r["candidates"]) for r in rows) / n}
-    if prior:
+    if blended is not None:
         out.update(gold_top1_prior=top1(blended), prior_weight=prior_weight)
     return out

@@ -202,14 +202,6 @@ def policy_entropy(probs: np.ndarray) -> dict[str, float]:
             "marginal_entropy_norm": marginal / full}
 
 
-def fallback_rate(best_scores: Sequence[float], threshold: float | None) -> float:
-    """Share of decisions whose best score is below the threshold (the Critic.decide rule)."""
-    best = _floats(best_scores)
-    if threshold is None:
-        return 0.0 if best.size else NAN
-    return _share(best < threshold)
-
-
 def latency_summary(seconds: Sequence[float]) -> dict[str, float]:
     """Decision latency percentiles in milliseconds: the tail, not the mean, is what agents wait on."""
     ms = _floats(seconds) * 1000.0
