@@ -88,11 +88,13 @@ def _decision_figures(critic, dec: dict[str, Any], prior_weight: float) -> dict[
     ok = np.array([bool(r.get("outcome_success")) for r in dec["rows"]], bool)
     if critic.threshold is not None and ok.any():
         out["fallback_rate_success_decisions"] = float(flags[ok].mean())
+        out["success_decisions"] = int(ok.sum())
     # what the flag is worth: how often the chosen candidate is not the expert's, flagged or not
     known = np.array([e is not None for e in dec["experts"]], bool)
     miss = np.array([e is not None and d.best_index != e for d, e in zip(decisions, dec["experts"])], bool)
     for name, where in (("expert_miss_fallback", known & flags), ("expert_miss_no_fallback", known & ~flags)):
         out[name] = float(miss[where].mean()) if where.any() else float("nan")
+    out["expert_n_fallback"] = int((known & flags).sum())
     return out
 
 
@@ -118,7 +120,7 @@ def _tool_metrics(critic, rows: list[dict]) -> dict[str, float]:
     return out
 
 
-def calibration(critic, rows: list[dict], q: np.ndarray) -> dict[str, float]:
+def calibration(critic, rows: list[dict], q: np.ndarray, ood: list[bool] | None) -> dict[str, float]:
     """Whether the critic's flags mean what they say on these held-out rows: the share of the steps of
     successful episodes whose logged action scores under the fallback threshold (it was set at the
     `fallback_quantile` of such steps: held-out tasks of the same kind should give about that share),
@@ -129,9 +131,8 @@ def calibration(critic, rows: list[dict], q: np.ndarray) -> dict[str, float]:
         out["fallback_rate_success_steps"] = float(np.mean(q[ok] < critic.threshold))
         out["fallback_quantile"] = float(critic.card.fallback_quantile)
         out["success_steps"] = float(ok.sum())
-    if critic.ood_reference is not None and rows:
-        flags = critic.out_of_distribution([row_state(r) for r in rows])
-        out["ood_rate"] = float(np.mean([bool(f) for f in flags]))
+    if ood:
+        out["ood_rate"] = float(np.mean(ood))
     return out
 
 
@@ -190,6 +191,19 @@ def _findings(critic, rows, values, scale, curves) -> list:
     ]
     if "tool_policy_entropy" in curves and critic.tool_vocab:
         found.append(diagnosis.entropy_collapse(curves["tool_policy_entropy"], len(critic.tool_vocab)))
+    return [f for f in found if f is not None]
+
+
+def _flag_findings(critic, figures: dict[str, float], ood: list[bool] | None) -> list:
+    """Whether the fallback and OOD flags mean what they say on these held-out rows (DESIGN §6.5)."""
+    nan = float("nan")
+    found = [diagnosis.served_ood(ood or [], what="the OOD check flagged {rate} of {n} held-out states"),
+             diagnosis.fallback_calibration(figures.get("fallback_rate_success_decisions", nan),
+                                            critic.card.fallback_quantile, int(figures.get("success_decisions", 0)),
+                                            critic.card.fallback_rows or 0),
+             diagnosis.fallback_separation(figures.get("expert_miss_fallback", nan),
+                                           figures.get("expert_miss_no_fallback", nan),
+                                           int(figures.get("expert_n_fallback", 0)))]
     return [f for f in found if f is not None]
 
 
@@ -272,14 +286,15 @@ def evaluate(model_uri: str, sources: list[str], fmt: str = "auto", out_dir: str
     if not figures["expert_n_steps"]:
         log.warning("evaluate: no held-out step has an expert action at %s among its candidates: expert top-1 "
                     "not measured", expert_field)
-    figures.update(calibration(critic, rows, values["q"]))
+    ood = critic.out_of_distribution([row_state(r) for r in rows]) if critic.ood_reference is not None else None
+    figures.update(calibration(critic, rows, values["q"], ood))
     figures.update(_tool_metrics(critic, rows))
     figures.update(_latency(critic, dec["rows"]))
     per_task: dict[str, int] = {}
     for x in rows:
         per_task[x["task_id"]] = per_task.get(x["task_id"], 0) + 1
     curves = training_curves(critic.card)
-    findings = _findings(critic, rows, values, per_task, curves)
+    findings = _findings(critic, rows, values, per_task, curves) + _flag_findings(critic, figures, ood)
     report = diagnosis.render_report(
         findings, figures, curves,
         {"q": values["q"], "advantage": values["q"] - values["v"], "value": values["v"],

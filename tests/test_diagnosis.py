@@ -206,3 +206,26 @@ def test_closed_loop_findings_of_played_episodes():
     assert by_name["ood_rate"].measures["ood_rate"] == 0.4
     assert by_name["closed_loop_gap"].severity == "error" and "mix" in by_name["closed_loop_gap"].evidence
     assert D.closed_loop_findings([e for e in episodes if e["scorer"] != "critic"]) == []
+
+
+def test_fallback_calibration_warns_only_beyond_five_points_and_the_sampling_error():
+    assert D.fallback_calibration(0.12, 0.1, 300, 120) is None  # 2 points off
+    assert D.fallback_calibration(0.17, 0.1, 30, 20) is None  # 7 points off, but 30 and 20 steps say little
+    f = D.fallback_calibration(0.41, 0.1, 1000, 1000)
+    assert f.name == "fallback_calibration" and f.severity == "warn" and "validation_fraction" in f.what_to_try
+    assert f.measures["rate"] == 0.41 and "41.0% of 1000" in f.evidence
+    low = D.fallback_calibration(0.01, 0.2, 1000, 1000)
+    assert low is not None and "raise train.fallback_quantile" in low.what_to_try
+    assert D.fallback_calibration(float("nan"), 0.1, 10, 10) is None and D.fallback_calibration(0.5, 0.1, 0, 10) is None
+
+
+def test_fallback_separation_warns_when_flagged_choices_are_no_worse():
+    assert D.fallback_separation(0.81, 0.47, 500) is None  # the flag picks out wrong choices
+    f = D.fallback_separation(0.40, 0.47, 500)
+    assert f.name == "fallback_separation" and f.measures["flagged"] == 500.0
+    assert D.fallback_separation(0.4, 0.5, 0) is None and D.fallback_separation(float("nan"), 0.5, 3) is None
+
+
+def test_served_ood_words_held_out_states():
+    f = D.served_ood([True] * 3 + [False] * 7, what="the OOD check flagged {rate} of {n} held-out states")
+    assert f.evidence == "the OOD check flagged 30.0% of 10 held-out states out of distribution"

@@ -141,6 +141,7 @@ def test_evaluate_decides_held_out_steps_as_the_service_does():
     assert served["expert_top1"] == 1.0 and served["expert_top1_prior"] == pytest.approx(2 / 3)
     assert served["fallback_rate"] == 0.5 and served["fallback_rate_success_decisions"] == pytest.approx(1 / 3)
     assert served["expert_miss_fallback"] == 1.0 and served["expert_miss_no_fallback"] == 0.0  # step 0 flagged
+    assert served["expert_n_fallback"] == 1 and served["success_decisions"] == 3
     alone = _decision_figures(critic, {**dec, "blended": None}, 0.0)
     assert alone["prior_weight"] == 0.0 and "expert_top1_prior" not in alone
     assert alone["fallback_rate"] == 0.25 and alone["fallback_rate_success_decisions"] == 0.0

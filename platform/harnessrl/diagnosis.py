@@ -253,13 +253,51 @@ def ood_rate(distances: Sequence[float], threshold: float, warn_rate: float = 0.
     return _ood_finding(rate, evidence, {"threshold": float(threshold)}, warn_rate, error_rate)
 
 
-def served_ood(flags: Sequence[bool], warn_rate: float = 0.1, error_rate: float = 0.5) -> Finding | None:
-    """The same finding from the `ood` flags the service returned (closed-loop play, the decision
-    log), where the distances stay inside the service."""
+def served_ood(flags: Sequence[bool], warn_rate: float = 0.1, error_rate: float = 0.5,
+               what: str = "the service flagged {rate} of {n} decisions") -> Finding | None:
+    """The same finding from `ood` flags: those the service returned (closed-loop play, the decision
+    log), where the distances stay inside the service, or the critic's check of held-out states
+    (`what` words the evidence)."""
     known = [bool(f) for f in flags if f is not None]
     rate = float(np.mean(known)) if known else float("nan")
-    evidence = f"the service flagged {rate:.1%} of {len(known)} decisions out of distribution"
+    evidence = what.format(rate=f"{rate:.1%}", n=len(known)) + " out of distribution"
     return _ood_finding(rate, evidence, {"decisions": float(len(known))}, warn_rate, error_rate)
+
+
+def fallback_calibration(rate: float, quantile: float, steps: int, calibration_steps: int,
+                         points: float = 0.05) -> Finding | None:
+    """The fallback flag fires on steps of successful held-out episodes at a share `points` or more
+    away from the quantile its threshold was set at, beyond the sampling error of both counts (three
+    standard errors + one calibration step): the threshold does not mean what the config says."""
+    if math.isnan(rate) or not steps or not calibration_steps:
+        return None
+    off = rate - quantile
+    noise = 3 * math.sqrt(quantile * (1 - quantile) * (1 / steps + 1 / calibration_steps)) + 1 / calibration_steps
+    if abs(off) < points or abs(off) <= noise:
+        return None
+    evidence = (f"the fallback flag fires on {rate:.1%} of {steps} steps of successful held-out episodes, "
+                f"set at the {quantile:.0%} quantile of {calibration_steps} ({off:+.1%}; sampling error {noise:.1%})")
+    fix = ("these tasks score lower than those the threshold was set on: keep task groups out of training "
+           "(train.validation_fraction) so the threshold is set on unseen ones; check the OOD rate; lower "
+           "train.fallback_quantile for fewer flags." if off > 0 else
+           "these tasks score higher than those the threshold was set on: set the threshold on held-out task "
+           "groups (train.validation_fraction); raise train.fallback_quantile for more flags.")
+    return Finding("fallback_calibration", "warn", evidence, fix,
+                   {"rate": rate, "quantile": quantile, "steps": float(steps), "noise": noise})
+
+
+def fallback_separation(miss_flagged: float, miss_unflagged: float, flagged: int) -> Finding | None:
+    """Flagged decisions miss the expert's action no more often than unflagged ones: an agent
+    that heeds the flag falls back where the critic was as right as elsewhere."""
+    if not flagged or math.isnan(miss_flagged) or math.isnan(miss_unflagged) or miss_flagged > miss_unflagged:
+        return None
+    evidence = (f"flagged decisions miss the expert's action {miss_flagged:.1%} of the time ({flagged} steps), "
+                f"unflagged ones {miss_unflagged:.1%}: the flag does not pick out the wrong choices")
+    return Finding("fallback_separation", "warn", evidence,
+                   "check that the threshold was set on held-out task groups of this kind "
+                   "(train.validation_fraction); read the critic's expert top-1 first: a critic that ranks no "
+                   "better than chance has no flag worth heeding.",
+                   {"miss_flagged": miss_flagged, "miss_unflagged": miss_unflagged, "flagged": float(flagged)})
 
 
 def closed_loop_gap(successes: int, episodes: int, baseline_successes: int, baseline_episodes: int,
