@@ -229,3 +229,4 @@ def test_fallback_separation_warns_when_flagged_choices_are_no_worse():
 def test_served_ood_words_held_out_states():
     f = D.served_ood([True] * 3 + [False] * 7, what="the OOD check flagged {rate} of {n} held-out states")
     assert f.evidence == "the OOD check flagged 30.0% of 10 held-out states out of distribution"
+    assert f.what_to_try.startswith("if these are tasks or items the logs never had, collect logs of them")

@@ -238,9 +238,9 @@ def _ood_finding(rate: float, evidence: str, measures: dict[str, float], warn_ra
     if math.isnan(rate) or rate < warn_rate:
         return None
     return Finding("ood_rate", "error" if rate >= error_rate else "warn", evidence,
-                   "check that serving renders and encodes states as training did (encoder identity, "
-                   "render window); retrain with the served decisions from the decision log; fall back "
-                   "on out-of-distribution states.",
+                   "if these are tasks or items the logs never had, collect logs of them (the decision "
+                   "log counts) and retrain; else check that serving renders and encodes states as training "
+                   "did (encoder identity, render window); fall back on out-of-distribution states.",
                    {"ood_rate": rate, **measures})
 
 
