@@ -55,8 +55,10 @@ def test_unknown_model(tmp_path):
     (["score", "--model", "m@champion", "--state", "s"], "at least one --candidate"),
     (["score", "--model", "m@champion", "--state", "s", "--candidate", "a", "--prior-weight", "-1"],
      "--prior-weight must be a finite number >= 0"),
+    (["evaluate", "--model", "m@champion", "--data", "x.jsonl", "--prior-weight", "nan"],
+     "--prior-weight must be a finite number >= 0"),
 ])
-def test_score_argument_errors(tmp_path, args, text):
+def test_score_and_evaluate_argument_errors(tmp_path, args, text):
     _assert_clean_error(harnessrl(*args, home=tmp_path), 2, text)
 
 
