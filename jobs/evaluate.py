@@ -91,7 +91,7 @@ def _decision_figures(critic, dec: dict[str, Any], prior_weight: float) -> dict[
         out["success_decisions"] = int(ok.sum())
     # what the flag is worth: how often the chosen candidate is not the expert's, flagged or not
     known = np.array([e is not None for e in dec["experts"]], bool)
-    miss = np.array([e is not None and d.best_index != e for d, e in zip(decisions, dec["experts"])], bool)
+    miss = np.array([d.best_index != e for d, e in zip(decisions, dec["experts"])], bool)  # read where known
     for name, where in (("expert_miss_fallback", known & flags), ("expert_miss_no_fallback", known & ~flags)):
         out[name] = float(miss[where].mean()) if where.any() else float("nan")
     out["expert_n_fallback"] = int((known & flags).sum())
