@@ -201,6 +201,9 @@ def _flag_findings(critic, figures: dict[str, float], ood: list[bool] | None) ->
              diagnosis.fallback_calibration(figures.get("fallback_rate_success_decisions", nan),
                                             critic.card.fallback_quantile, int(figures.get("success_decisions", 0)),
                                             critic.card.fallback_rows or 0),
+             # cards written before the count was kept say nothing of it
+             diagnosis.fallback_sample(critic.card.fallback_rows, critic.card.fallback_quantile)
+             if critic.card.fallback_rows is not None else None,
              diagnosis.fallback_separation(figures.get("expert_miss_fallback", nan),
                                            figures.get("expert_miss_no_fallback", nan),
                                            int(figures.get("expert_n_fallback", 0)))]

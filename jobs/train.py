@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from harnessrl import diagnosis
 from harnessrl.config import TrainConfig
 from harnessrl.features import FEATURE_NAMES
 from harnessrl.heads.base import Shard
@@ -39,6 +40,8 @@ class TrainResult:
     metrics: dict[str, float]
     reward_scale: float
     fallback_threshold: float
+    fallback_rows: int = 0  # held-out successful steps the threshold was set on
+    fallback_warning: str | None = None  # diagnosis.fallback_sample's, when they are too few to trust
 
     def summary(self) -> dict:
         return asdict(self)
@@ -369,6 +372,9 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
         exported = head.export(d, loop_config, best, data)
     q = exported.success_q / scale
     threshold = float(np.quantile(q, cfg.fallback_quantile)) if len(q) else float("nan")
+    thin = diagnosis.fallback_sample(len(q), cfg.fallback_quantile)
+    if thin is not None:
+        log.warning("train: %s; %s", thin.evidence, thin.what_to_try)  # the pipeline's summary repeats it
     metrics = {k: float(v) for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
     if validation:
         metrics.update({"val_best_step": float(validation["best_step"]), "val_best_td_error": validation["best_value"],
@@ -388,7 +394,8 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
     if reference is not None:
         save_ood_reference(model_dir, reference)
     out = TrainResult(model_dir=str(model_dir), checkpoint_path=result.checkpoint.path, steps=steps,
-                      seconds=time.time() - start, metrics=metrics, reward_scale=scale, fallback_threshold=threshold)
+                      seconds=time.time() - start, metrics=metrics, reward_scale=scale, fallback_threshold=threshold,
+                      fallback_rows=len(q), fallback_warning=thin and f"{thin.evidence}; {thin.what_to_try}")
     log.info("train: done in %.0f s; loss_q %.4f loss_v %.4f; fallback threshold %.3f", out.seconds,
              metrics.get("loss_q", float("nan")), metrics.get("loss_v", float("nan")), threshold)
     return out

@@ -230,3 +230,22 @@ def test_served_ood_words_held_out_states():
     f = D.served_ood([True] * 3 + [False] * 7, what="the OOD check flagged {rate} of {n} held-out states")
     assert f.evidence == "the OOD check flagged 30.0% of 10 held-out states out of distribution"
     assert f.what_to_try.startswith("if these are tasks or items the logs never had, collect logs of them")
+
+
+def test_fallback_sample_warns_when_the_threshold_rests_on_few_steps():
+    assert D.fallback_sample(1000, 0.1) is None  # +-1.9 points
+    f = D.fallback_sample(115, 0.1)  # the bundled corpus's count
+    assert f.name == "fallback_sample" and f.severity == "warn" and "validation_fraction" in f.what_to_try
+    assert f.measures["half_width"] == pytest.approx(0.0548, abs=1e-3) and f.measures["rows_needed"] == 139
+    assert D.fallback_sample(f.measures["rows_needed"], 0.1) is None  # the count it asks for is enough
+    assert D.fallback_sample(0, 0.1).severity == "error"
+    assert D.fallback_sample(5, 0.0) is None  # a 0 quantile never flags: nothing to be unsure of
+
+
+def test_fallback_sample_half_width_matches_thresholds_set_on_samples():
+    """The stated +- is what happens: thresholds set at the 10% quantile of 115 draws flag new draws
+    at rates whose 95% spread is the finding's half-width."""
+    rng = np.random.default_rng(0)
+    rates = [np.mean(rng.normal(size=4000) < np.quantile(rng.normal(size=115), 0.1)) for _ in range(1500)]
+    spread = (np.quantile(rates, 0.975) - np.quantile(rates, 0.025)) / 2
+    assert spread == pytest.approx(D.fallback_sample(115, 0.1).measures["half_width"], rel=0.2)

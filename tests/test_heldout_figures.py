@@ -110,6 +110,26 @@ def test_a_run_stopped_after_encode_says_so_and_where_its_mlflow_run_is(capsys, 
     assert "encode       12 texts, 8 distinct" in out and "mlflow       run r in experiment 'e'" in out
 
 
+def test_summary_says_how_many_steps_the_threshold_stands_on_and_warns_when_few(capsys, monkeypatch):
+    from harnessrl import diagnosis, settings
+
+    monkeypatch.setattr(settings, "tracking_uri", lambda: "sqlite:///x.db")
+    thin = diagnosis.fallback_sample(115, 0.1)
+    summary = _summary({}, [])
+    summary["train"] = {**summary["train"], "fallback_rows": 115,
+                        "fallback_warning": f"{thin.evidence}; {thin.what_to_try}"}
+    print_summary(summary)
+    out = capsys.readouterr().out.splitlines()
+    (train,) = [line for line in out if line.startswith("train ")]
+    assert train.endswith("fallback threshold 0.000 (set on 115 held-out successful steps)")
+    warning = out.index(train) + 1  # right under the train line, before the registry's
+    assert out[warning].startswith("warning      the fallback threshold is the 10% quantile of only 115")
+    assert out[warning + 1].startswith("registry ")
+    summary["train"] = {**summary["train"], "fallback_rows": 2000, "fallback_warning": None}
+    print_summary(summary)
+    assert "warning" not in capsys.readouterr().out
+
+
 def test_summary_with_labels_gives_the_figure():
     ev = {"steps": 40, "gold_top1": 0.5, "random_top1": 0.25, "ms_per_step": 2.0, "heldout_episodes": 5,
           "heldout_steps": 40, "expert_field": "info.behaviour.expert_action"}
@@ -146,3 +166,19 @@ def test_evaluate_decides_held_out_steps_as_the_service_does():
     assert alone["prior_weight"] == 0.0 and "expert_top1_prior" not in alone
     assert alone["fallback_rate"] == 0.25 and alone["fallback_rate_success_decisions"] == 0.0
     assert alone["expert_miss_no_fallback"] == 0.0 and math.isnan(alone["expert_miss_fallback"])  # none flagged
+
+
+def test_evaluate_says_when_the_threshold_stands_on_too_few_steps():
+    """The evaluate report carries the train-time warning (from the card's count), next to what the
+    held-out rows show; a card written before the count was kept says nothing of it."""
+    from pathlib import Path
+
+    from harnessrl.critic import Critic
+    from harnessrl.jobs.evaluate import _flag_findings
+
+    critic = Critic.load(Path(__file__).parent / "data" / "critic_v1")
+    critic.card = critic.card.model_copy(update={"fallback_rows": 40})
+    (f,) = _flag_findings(critic, {}, None)
+    assert f.name == "fallback_sample" and "only 40 held-out successful steps" in f.evidence
+    critic.card = critic.card.model_copy(update={"fallback_rows": None})
+    assert _flag_findings(critic, {}, None) == []

@@ -104,6 +104,9 @@ def test_train_checkpoints_and_scores(encoded, work):
     assert len(checkpoints) == 2 and all((c / "state.safetensors").is_file() for c in checkpoints)
     saved = json.loads((work["dir"] / "model" / "critic.json").read_text())
     assert saved["fallback_threshold"] == pytest.approx(result.fallback_threshold)
+    # a tiny corpus: the threshold stands on a handful of steps, and train says it is too few to trust
+    assert 0 < result.fallback_rows == saved["fallback_rows"] < 100
+    assert result.fallback_warning.startswith(f"the fallback threshold is the 10% quantile of only {result.fallback_rows} ")
     critic = Critic.load(work["dir"] / "model")
     scores = critic.score("Task: find the coin\nNow: You are in the kitchen.", ["take coin", "move north", "inventory"])
     assert len(scores) == 3 and all(np.isfinite(scores))

@@ -264,6 +264,29 @@ def served_ood(flags: Sequence[bool], warn_rate: float = 0.1, error_rate: float 
     return _ood_finding(rate, evidence, {"decisions": float(len(known))}, warn_rate, error_rate)
 
 
+def fallback_sample(rows: int, quantile: float, points: float = 0.05) -> Finding | None:
+    """The fallback threshold rests on so few held-out successful steps that the share of new such
+    steps it flags is known only to within more than `points` (95% binomial interval of a quantile
+    set on `rows` steps): at the bundled corpus's size (115) the flag's rate wanders +-10 points
+    between held-out sets. No steps at all: no threshold, the flag never fires."""
+    if rows <= 0:
+        return Finding("fallback_sample", "error", "no held-out successful steps to set the fallback threshold on: "
+                       "the service will never flag fallback",
+                       "log episodes that succeed (outcome.success) and keep task groups out of training "
+                       "(train.validation_fraction)", {"rows": 0.0, "quantile": quantile})
+    half = 1.96 * math.sqrt(quantile * (1 - quantile) / rows)
+    if half <= points:
+        return None
+    need = math.ceil(quantile * (1 - quantile) * (1.96 / points) ** 2)
+    evidence = (f"the fallback threshold is the {quantile:.0%} quantile of only {rows} held-out successful steps: on "
+                f"new steps of such episodes the flag will fire on {quantile:.0%} +- {half:.1%} (95%)")
+    return Finding("fallback_sample", "warn", evidence,
+                   f"about {need} such steps bring it within +-{points:.0%}: keep more task groups out of training "
+                   "(train.validation_fraction) or log more successful episodes; read the flag's rate with "
+                   "`harnessrl evaluate` on held-out logs before trusting it",
+                   {"rows": float(rows), "quantile": quantile, "half_width": half, "rows_needed": float(need)})
+
+
 def fallback_calibration(rate: float, quantile: float, steps: int, calibration_steps: int,
                          points: float = 0.05) -> Finding | None:
     """The fallback flag fires on steps of successful held-out episodes at a share `points` or more
