@@ -210,7 +210,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     trn, m = s["train"], s["model"]
     print(json.dumps({"run_id": m["run_id"], "resumed": s["resumed"], "steps": trn["steps"],
                       "resumed_from_step": trn["metrics"].get("resumed_from_step"),
-                      "metrics": trn["metrics"], "model": m, "evaluate": s.get("evaluate")}, indent=2))
+                      "metrics": trn["metrics"], "fallback_threshold": trn["fallback_threshold"],
+                      "fallback_rows": trn["fallback_rows"], "fallback_warning": trn["fallback_warning"],
+                      "model": m, "evaluate": s.get("evaluate")}, indent=2))
     return 0
 
 
