@@ -121,7 +121,7 @@ def test_summary_says_how_many_steps_the_threshold_stands_on_and_warns_when_few(
     print_summary(summary)
     out = capsys.readouterr().out.splitlines()
     (train,) = [line for line in out if line.startswith("train ")]
-    assert train.endswith("fallback threshold 0.000 (set on 115 held-out successful steps)")
+    assert train.endswith("fallback threshold 0.000 (set on 115 steps of successful episodes)")
     warning = out.index(train) + 1  # right under the train line, before the registry's
     assert out[warning].startswith("warning      the fallback threshold is the 10% quantile of only 115")
     assert out[warning + 1].startswith("registry ")
@@ -179,6 +179,6 @@ def test_evaluate_says_when_the_threshold_stands_on_too_few_steps():
     critic = Critic.load(Path(__file__).parent / "data" / "critic_v1")
     critic.card = critic.card.model_copy(update={"fallback_rows": 40})
     (f,) = _flag_findings(critic, {}, None)
-    assert f.name == "fallback_sample" and "only 40 held-out successful steps" in f.evidence
+    assert f.name == "fallback_sample" and "only 40 steps of successful episodes" in f.evidence
     critic.card = critic.card.model_copy(update={"fallback_rows": None})
     assert _flag_findings(critic, {}, None) == []

@@ -106,7 +106,7 @@ def test_train_checkpoints_and_scores(encoded, work):
     assert saved["fallback_threshold"] == pytest.approx(result.fallback_threshold)
     # a tiny corpus: the threshold stands on a handful of steps, and train says it is too few to trust
     assert 0 < result.fallback_rows == saved["fallback_rows"] < 100
-    assert result.fallback_warning.startswith(f"the fallback threshold is the 10% quantile of only {result.fallback_rows} ")
+    assert result.fallback_warning.startswith(f"the fallback threshold is the 10% quantile of only {saved['fallback_rows']} ")
     critic = Critic.load(work["dir"] / "model")
     scores = critic.score("Task: find the coin\nNow: You are in the kitchen.", ["take coin", "move north", "inventory"])
     assert len(scores) == 3 and all(np.isfinite(scores))

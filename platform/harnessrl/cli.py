@@ -54,7 +54,7 @@ def print_summary(s: dict[str, Any]) -> None:
             f"train        IQL {trn['steps']} steps in {trn['seconds']:.0f} s: loss_q {trn['metrics'].get('loss_q', float('nan')):.4f}, "
             f"loss_v {trn['metrics'].get('loss_v', float('nan')):.5f}, q_mean {trn['metrics'].get('q_mean', float('nan')):.3f}; "
             f"fallback threshold {trn['fallback_threshold']:.3f}"
-            + (f" (set on {trn['fallback_rows']} held-out successful steps)" if trn.get("fallback_rows") else ""),
+            + (f" (set on {trn['fallback_rows']} steps of successful episodes)" if trn.get("fallback_rows") else ""),
             f"registry     {m['name']} version {m['version']} -> alias '{m['alias']}'  ({m['uri']})",
         ]
         if trn.get("fallback_warning"):
