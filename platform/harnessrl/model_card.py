@@ -53,7 +53,8 @@ class ModelCard(BaseModel):
     reward_scale: float = 1.0
     fallback_threshold: float | None = None
     fallback_quantile: float = 0.1
-    fallback_rows: int | None = Field(None, description="how many steps of successful episodes (held-out ones where there were) the threshold was set on")
+    fallback_rows: int | None = Field(None, description="how many steps of successful episodes (held-out ones "
+                                                        "where there were) the threshold was set on")
     ood: OODCard | None = None
     tool_head: dict[str, Any] | None = Field(None, description="the tool head's DiscreteConfig, when it has one")
     tool_vocab: list[str] = Field(default_factory=list)
