@@ -40,7 +40,7 @@ class TrainResult:
     metrics: dict[str, float]
     reward_scale: float
     fallback_threshold: float
-    fallback_rows: int = 0  # held-out successful steps the threshold was set on
+    fallback_rows: int = 0  # steps of successful episodes the threshold was set on
     fallback_warning: str | None = None  # diagnosis.fallback_sample's, when they are too few to trust
 
     def summary(self) -> dict:
