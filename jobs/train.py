@@ -373,8 +373,9 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
     q = exported.success_q / scale
     threshold = float(np.quantile(q, cfg.fallback_quantile)) if len(q) else float("nan")
     thin = diagnosis.fallback_sample(len(q), cfg.fallback_quantile)
-    if thin is not None:
-        log.warning("train: %s; %s", thin.evidence, thin.what_to_try)  # the pipeline's summary repeats it
+    warning = f"{thin.evidence}; {thin.what_to_try}" if thin else None
+    if warning:
+        log.warning("train: %s", warning)  # the pipeline's summary repeats it
     metrics = {k: float(v) for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
     if validation:
         metrics.update({"val_best_step": float(validation["best_step"]), "val_best_td_error": validation["best_value"],
@@ -395,7 +396,7 @@ def train(encoded_dir: str, storage_dir: str, cfg: TrainConfig, run_name: str, m
         save_ood_reference(model_dir, reference)
     out = TrainResult(model_dir=str(model_dir), checkpoint_path=result.checkpoint.path, steps=steps,
                       seconds=time.time() - start, metrics=metrics, reward_scale=scale, fallback_threshold=threshold,
-                      fallback_rows=len(q), fallback_warning=thin and f"{thin.evidence}; {thin.what_to_try}")
+                      fallback_rows=len(q), fallback_warning=warning)
     log.info("train: done in %.0f s; loss_q %.4f loss_v %.4f; fallback threshold %.3f", out.seconds,
              metrics.get("loss_q", float("nan")), metrics.get("loss_v", float("nan")), threshold)
     return out

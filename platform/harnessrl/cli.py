@@ -55,10 +55,9 @@ def print_summary(s: dict[str, Any]) -> None:
             f"loss_v {trn['metrics'].get('loss_v', float('nan')):.5f}, q_mean {trn['metrics'].get('q_mean', float('nan')):.3f}; "
             f"fallback threshold {trn['fallback_threshold']:.3f}"
             + (f" (set on {trn['fallback_rows']} steps of successful episodes)" if trn.get("fallback_rows") else ""),
+            *([f"warning      {trn['fallback_warning']}"] if trn.get("fallback_warning") else []),
             f"registry     {m['name']} version {m['version']} -> alias '{m['alias']}'  ({m['uri']})",
         ]
-        if trn.get("fallback_warning"):
-            lines.insert(-1, f"warning      {trn['fallback_warning']}")
     else:
         lines.append("train        not run (--until encode): train from this encoded data with `harnessrl train`")
     if s.get("skipped"):

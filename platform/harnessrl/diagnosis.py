@@ -279,9 +279,8 @@ def fallback_sample(rows: int, quantile: float, points: float = 0.05) -> Finding
     if half <= points:
         return None
     need = math.ceil(quantile * (1 - quantile) * (1.96 / points) ** 2)
-    evidence = (f"the fallback threshold is the {quantile:.0%} quantile of only {rows} steps of successful "
-                f"episodes: on "
-                f"new steps of such episodes the flag will fire on {quantile:.0%} +- {half:.1%} (95%)")
+    evidence = (f"the fallback threshold is the {quantile:.0%} quantile of only {rows} steps of successful episodes: "
+                f"on new steps of such episodes the flag will fire on {quantile:.0%} +- {half:.1%} (95%)")
     return Finding("fallback_sample", "warn", evidence,
                    f"about {need} such steps bring it within +-{points:.0%}: keep more task groups out of training "
                    "(train.validation_fraction) or log more successful episodes; read the flag's rate with "
