@@ -15,6 +15,7 @@ Every scorer plays the same held-out seeds; at each step it gets the task, the h
                the behaviour prior (IQL's own extracted policy is pi_beta * exp(beta * A)): the
                service's prior blend with bc's log-probabilities as the candidates' logprobs,
                w = --bc-prior-weight
+  critic+bc-success, critic+bc-careful   the same with bc-success's or bc-careful's policy as the prior
   critic+prior the critic ranking by score + w * log pi_beta of its own behaviour prior (what the
                service answers by default: a reader critic trains one unless
                train.reader.prior_steps is 0, and the service blends it when a request's candidates
@@ -75,10 +76,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import twx_rerank as rerank  # noqa: E402  (bench/ is no package)
 
-ALL_SCORERS = ("critic", "critic+bc", "critic+prior", "mix", "careful", "mistaken", "flailing", "random", "bc",
+ALL_SCORERS = ("critic", "critic+bc", "critic+bc-success", "critic+bc-careful", "critic+prior", "mix", "careful", "mistaken", "flailing", "random", "bc",
                "bc-success", "bc-careful", "bc-expert", "expert")
-# asked by name: bc-expert needs labelled logs
-DEFAULT_SCORERS = tuple(s for s in ALL_SCORERS if s != "bc-expert")
+# asked by name: bc-expert needs labelled logs; the critic with other BC priors is an experiment's
+DEFAULT_SCORERS = tuple(s for s in ALL_SCORERS if s not in ("bc-expert", "critic+bc-success", "critic+bc-careful"))
 REDUCED_SCORERS = ("critic", "mix", "random", "bc", "expert")
 NO_REPEAT = "+norepeat"  # suffix of a learned scorer played under the avoid_repeats rule
 DEFAULT_FAMILIES = ("coin", "sorting", "arithmetic", "mapreader", "twc", "peckingorder")
@@ -90,6 +91,12 @@ PROTOCOLS = ("all-actions", "rerank")
 def base_scorer(name: str) -> str:
     """`critic+norepeat` -> `critic`: the scorer a variant plays with."""
     return name[: -len(NO_REPEAT)] if name.endswith(NO_REPEAT) else name
+
+
+def prior_bc(name: str) -> str | None:
+    """`critic+bc-success` -> `bc-success`: the BC scorer whose policy a critic scorer takes as its prior."""
+    base = base_scorer(name)
+    return base.removeprefix("critic+") if base.startswith("critic+bc") else None
 
 
 def is_learned(name: str) -> bool:
@@ -304,11 +311,11 @@ def play(engine, scorer: str, family: str, fold: str, seed: int, max_steps: int,
             return behaviour_choice(AGENT_PROBS[agent], gold, candidates, rng)
         if agent == "random":
             return rng.choice(candidates)
-        if agent in ("critic", "critic+bc", "critic+prior"):
-            # critic: its scores alone (whatever the service's default); critic+bc: bc's log-probabilities as
-            # the candidates'; critic+prior: the model's own prior
-            sent = behaviour_priors(candidates, ctx["bc"].scores(state, candidates)) if agent == "critic+bc" \
-                else candidates
+        if agent == "critic" or agent.startswith("critic+"):
+            # critic: its scores alone (whatever the service's default); critic+bc*: that BC scorer's
+            # log-probabilities as the candidates'; critic+prior: the model's own prior
+            prior = prior_bc(agent)
+            sent = behaviour_priors(candidates, ctx[prior].scores(state, candidates)) if prior else candidates
             body = ctx["critic"].score(state, sent, avoid_repeats=no_repeat,
                                        prior_weight=0.0 if agent == "critic" else ctx["bc_prior_weight"])
             best = int(body["best_index"])
@@ -651,7 +658,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "corpus from `python -m harnessrl.examples.twx --train-episodes 1500`; their seeds stay out of "
                    "the tiers (default: the bundled twx_train)")
     p.add_argument("--set", action="append", help="pipeline override when training here (repeatable)")
-    p.add_argument("--bc-prior-weight", type=float, default=1.0, help="critic+bc, critic+prior: the weight w of "
+    p.add_argument("--bc-prior-weight", type=float, default=1.0, help="critic+bc*, critic+prior: the weight w of "
                    "bc's or the critic's own prior's log-probabilities (default %(default)s)")
     p.add_argument("--bc-steps", type=int, default=None, help="BC gradient steps (default 800; reduced 150)")
     p.add_argument("--reduced", action="store_true", help="the CI configuration (< 5 min on 2 cores)")
@@ -776,7 +783,7 @@ def run(args: argparse.Namespace) -> dict:
     need_model = any(base_scorer(s).startswith("critic") for s in scorers) or bool(
         rr and any(rerank.uses_critic(s) for s in rr["scorers"]))
     need_bc = sorted({base_scorer(s) for s in scorers if s.startswith("bc")}
-                     | ({"bc"} if any(base_scorer(s) == "critic+bc" for s in scorers) else set())
+                     | {prior_bc(s) for s in scorers if prior_bc(s)}
                      | ({"bc"} if rr and "agent+bc" in rr["scorers"] else set()))
     training = None
     if not model_uri and (need_model or (need_bc and not encoded)):

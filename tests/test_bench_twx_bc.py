@@ -50,6 +50,14 @@ def test_bc_expert_asks_for_the_reader_heads_inputs():
         twx.build_bc(["bc", "bc-expert"], "/nonexistent/encoded", {}, 1, None, head="frozen")
 
 
+def test_a_critic_scorer_names_the_bc_scorer_it_takes_as_its_prior():
+    twx = import_bench("twx")
+    assert [twx.prior_bc(s) for s in ("critic+bc", "critic+bc-success+norepeat", "critic+bc-careful")] == \
+        ["bc", "bc-success", "bc-careful"]
+    assert twx.prior_bc("critic") is twx.prior_bc("critic+prior") is twx.prior_bc("bc-success") is None
+    assert {"critic+bc-success", "critic+bc-careful"} <= set(twx.ALL_SCORERS) - set(twx.DEFAULT_SCORERS)
+
+
 def test_behaviour_priors_are_the_log_softmax_of_the_logits():
     """critic+bc sends bc's log-probabilities: they normalise, keep bc's order, ignore a shift of the logits and
     never pass 0 (the service refuses a positive logprob)."""
