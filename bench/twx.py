@@ -76,8 +76,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import twx_rerank as rerank  # noqa: E402  (bench/ is no package)
 
-ALL_SCORERS = ("critic", "critic+bc", "critic+bc-success", "critic+bc-careful", "critic+prior", "mix", "careful", "mistaken", "flailing", "random", "bc",
-               "bc-success", "bc-careful", "bc-expert", "expert")
+ALL_SCORERS = ("critic", "critic+bc", "critic+bc-success", "critic+bc-careful", "critic+prior", "mix", "careful",
+               "mistaken", "flailing", "random", "bc", "bc-success", "bc-careful", "bc-expert", "expert")
 # asked by name: bc-expert needs labelled logs; the critic with other BC priors is an experiment's
 DEFAULT_SCORERS = tuple(s for s in ALL_SCORERS if s not in ("bc-expert", "critic+bc-success", "critic+bc-careful"))
 REDUCED_SCORERS = ("critic", "mix", "random", "bc", "expert")
