@@ -183,7 +183,7 @@ def _evaluate_and_serve(cfg: PipelineConfig, out: str, recipe, model_uri: str, s
 
 
 def _start(cfg: PipelineConfig):
-    out = cfg.output_dir or str(settings.runs_dir() / cfg.name)
+    out = cfg.run_dir()
     preflight.pipeline(cfg)  # a missing source, recipe, encoder or token fails now, before Ray starts
     recipe = load_recipe(cfg.rewards)
     init_ray(cfg.ray_address)
@@ -231,14 +231,15 @@ def train_only(cfg: PipelineConfig, resume: str | None = None) -> dict[str, Any]
     from harnessrl.errors import DataError
 
     started = time.time()
-    out, recipe, experiment_id = _start(cfg)
-    encoded = storage.join(out, "encoded")
+    out = cfg.run_dir()
+    encoded = storage.join(out, "encoded")  # what is missing fails before Ray starts
     if not encoded_data.exists(encoded):
         raise DataError(f"no encoded dataset at {encoded}: run `harnessrl run` on this pipeline first")
     if resume:
         fs, path = storage.filesystem(storage.join(out, "train", resume))
         if fs.get_file_info(path).type.name == "NotFound":
             raise DataError(f"no training run {resume!r} under {storage.join(out, 'train')} to resume")
+    _, recipe, experiment_id = _start(cfg)
     encoder = encoded_data.read_identity(encoded)
     digests = lineage.run_digests(out, storage.digest_sources(storage.expand_sources(cfg.data.train)))
     summary: dict[str, Any] = {"pipeline": cfg.name, "output_dir": out, "resumed": resume}

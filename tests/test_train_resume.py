@@ -45,10 +45,14 @@ def test_resume_continues_from_last_checkpoint(pipeline_run, ray_local):
     assert str(registry.client().get_model_version_by_alias(MODEL, "resumed").version) == body["model"]["version"]
 
 
-def test_resume_of_unknown_run_is_a_clear_error(pipeline_run):
-    out = subprocess.run(
-        [sys.executable, "-m", "harnessrl", "train", str(pipeline_run["pipeline_yaml"]), "--resume", "no-such-run"],
-        capture_output=True, text=True, env=os.environ.copy(), timeout=300,
-    )
-    assert out.returncode == 3 and "Traceback" not in out.stderr
+def test_an_unknown_run_or_missing_data_is_a_clear_error_before_ray_starts(pipeline_run, tmp_path):
+    # RAY_ADDRESS points nowhere: reaching init_ray would fail differently (a ClusterError, exit 8)
+    env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:1"}
+    train = [sys.executable, "-m", "harnessrl", "train", str(pipeline_run["pipeline_yaml"])]
+    out = subprocess.run([*train, "--resume", "no-such-run"], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 3 and "Traceback" not in out.stderr, out.stderr[-3000:]
     assert "no training run 'no-such-run'" in out.stderr
+    out = subprocess.run([*train, "--set", f"output_dir={tmp_path / 'never-run'}"], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 3 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert f"no encoded dataset at {tmp_path / 'never-run' / 'encoded'}: run `harnessrl run`" in out.stderr

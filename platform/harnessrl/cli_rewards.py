@@ -60,12 +60,10 @@ def resolve(pipeline: str | None, ingest_dir: str | None, recipe: str | None,
     if bool(pipeline) == bool(ingest_dir):
         raise ConfigError("give either a pipeline YAML or --ingest DIR (one of them)")
     if pipeline:
-        from harnessrl import settings
         from harnessrl.config import load_pipeline
 
         cfg = load_pipeline(pipeline, overrides)
-        out = cfg.output_dir or str(settings.runs_dir() / cfg.name)
-        return storage.join(out, "ingest"), load_recipe(recipe or cfg.rewards)
+        return storage.join(cfg.run_dir(), "ingest"), load_recipe(recipe or cfg.rewards)
     if overrides:
         raise ConfigError("--set applies to a pipeline YAML, not to --ingest")
     return ingest_dir, load_recipe(recipe or "default")

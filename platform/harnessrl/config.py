@@ -400,6 +400,12 @@ class PipelineConfig(_Strict):
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
 
+    def run_dir(self) -> str:
+        """Where the run's stages write: output_dir, else $HARNESSRL_HOME/runs/<name>."""
+        from harnessrl import settings
+
+        return self.output_dir or str(settings.runs_dir() / self.name)
+
     @model_validator(mode="after")
     def _segments(self) -> "PipelineConfig":
         """The encode stage embeds the state segments when the head reads them (encoder.segments: None)."""
