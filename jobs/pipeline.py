@@ -183,11 +183,10 @@ def _evaluate_and_serve(cfg: PipelineConfig, out: str, recipe, model_uri: str, s
 
 
 def _start(cfg: PipelineConfig):
-    out = cfg.run_dir()
     preflight.pipeline(cfg)  # a missing source, recipe, encoder or token fails now, before Ray starts
     recipe = load_recipe(cfg.rewards)
     init_ray(cfg.ray_address)
-    return out, recipe, registry.ensure_experiment(cfg.registry.experiment)
+    return recipe, registry.ensure_experiment(cfg.registry.experiment)
 
 
 def run_pipeline(cfg: PipelineConfig, force: bool = False, until: Literal["encode", "train"] | None = None
@@ -199,7 +198,8 @@ def run_pipeline(cfg: PipelineConfig, force: bool = False, until: Literal["encod
     import mlflow
 
     started = time.time()
-    out, recipe, experiment_id = _start(cfg)
+    out = cfg.run_dir()
+    recipe, experiment_id = _start(cfg)
     summary: dict[str, Any] = {"pipeline": cfg.name, "output_dir": out}
     run_name = f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     with mlflow.start_run(experiment_id=experiment_id, run_name=run_name) as run:
@@ -239,7 +239,7 @@ def train_only(cfg: PipelineConfig, resume: str | None = None) -> dict[str, Any]
         fs, path = storage.filesystem(storage.join(out, "train", resume))
         if fs.get_file_info(path).type.name == "NotFound":
             raise DataError(f"no training run {resume!r} under {storage.join(out, 'train')} to resume")
-    _, recipe, experiment_id = _start(cfg)
+    recipe, experiment_id = _start(cfg)
     encoder = encoded_data.read_identity(encoded)
     digests = lineage.run_digests(out, storage.digest_sources(storage.expand_sources(cfg.data.train)))
     summary: dict[str, Any] = {"pipeline": cfg.name, "output_dir": out, "resumed": resume}

@@ -136,3 +136,12 @@ def test_auto_steps_follow_the_rows_within_bounds():
     assert resolve_steps(auto, 100, 64) == AUTO_STEPS[0] and resolve_steps(auto, 10**9, 64) == AUTO_STEPS[1]
     assert resolve_steps(TrainConfig(steps=7), 10**9, 64) == 7
     assert TrainConfig(steps="12").steps == 12
+
+
+def test_the_run_folder_is_output_dir_else_under_harnessrl_home(tmp_path, monkeypatch):
+    from harnessrl.config import parse_pipeline
+
+    monkeypatch.setenv("HARNESSRL_HOME", str(tmp_path))
+    raw = {"name": "run-a", "data": {"train": ["x.jsonl"]}}
+    assert parse_pipeline(raw).run_dir() == str(tmp_path / "runs" / "run-a")
+    assert parse_pipeline({**raw, "output_dir": "s3://b/p"}).run_dir() == "s3://b/p"
